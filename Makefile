@@ -1,0 +1,55 @@
+# Everything bootstraps from nothing: `make test` on a fresh clone creates the
+# venv, installs pinned dependencies, then lints, type-checks and runs pytest.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test lint typecheck pytest protos lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job on the embedded default: an in-process moto server for S3 + DynamoDB.
+demo: $(STAMP)
+	$(BIN)/python -m lancetx.externalstore.demo
+
+## Lint, type-check, then the whole test suite.
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check protos commit externalstore tests examples benchmarks
+	$(BIN)/ruff format --check commit externalstore tests examples benchmarks
+
+# mypy maps modules by directory, so it checks a view in which the three
+# top-level folders sit under lancetx/ as they do when installed.
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck/lancetx
+	ln -s ../../../protos build/typecheck/lancetx/protos
+	ln -s ../../../commit build/typecheck/lancetx/commit
+	ln -s ../../../externalstore build/typecheck/lancetx/externalstore
+	cd build/typecheck && ../../$(BIN)/mypy -p lancetx.commit -p lancetx.externalstore
+
+pytest: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+## Regenerate protos/*_pb2.py and .pyi from protos/*.proto.
+protos: $(STAMP)
+	$(BIN)/python protos/regenerate.py
+
+## Re-resolve constraints.txt from the bounds in pyproject.toml.
+lock:
+	rm -rf build/lockenv && $(PYTHON) -m venv build/lockenv
+	build/lockenv/bin/python -m pip install --quiet '.[dev]'
+	{ echo "# Exact pins for a fast, reproducible install (pip -c constraints.txt)."; \
+	  echo "# Regenerate: make lock"; \
+	  build/lockenv/bin/pip freeze --exclude lancetx; } > constraints.txt
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""lancetx.commit: Lance storage artifacts, transactions, conflict resolution and the commit loop."""

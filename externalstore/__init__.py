@@ -1,0 +1,1 @@
+"""lancetx.externalstore: external manifest stores (DynamoDB, in-memory) and the four-step commit."""

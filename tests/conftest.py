@@ -1,0 +1,68 @@
+"""Shared fixtures: one embedded moto server (S3 + DynamoDB over HTTP) per session.
+
+Each test gets fresh bucket/table names, so tests never see each other's state.
+Fake credentials are forced so nothing can reach real AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from lancetx.externalstore.embedded import EmbeddedAws
+
+for _key, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}.items():
+    os.environ[_key] = _value
+for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+    os.environ.pop(_key, None)
+
+
+@pytest.fixture(scope="session")
+def aws() -> Iterator[EmbeddedAws]:
+    """The session's embedded moto server (conditional S3 writes honoured)."""
+    with EmbeddedAws() as server:
+        yield server
+
+
+@pytest.fixture
+def legacy_aws(aws: EmbeddedAws) -> Iterator[EmbeddedAws]:
+    """The same server with S3 ignoring If-None-Match for the duration of a test."""
+    aws.legacy_s3 = True
+    try:
+        yield aws
+    finally:
+        aws.legacy_s3 = False
+        aws.set_interceptor(None)
+
+
+@pytest.fixture
+def s3_client(aws: EmbeddedAws):  # type: ignore[no-untyped-def]
+    return boto3.client("s3", **aws.client_kwargs())
+
+
+@pytest.fixture
+def ddb_client(aws: EmbeddedAws):  # type: ignore[no-untyped-def]
+    return boto3.client("dynamodb", **aws.client_kwargs())
+
+
+@pytest.fixture
+def bucket(aws: EmbeddedAws, s3_client) -> str:  # type: ignore[no-untyped-def]
+    """A fresh, empty bucket."""
+    name = f"lancetx-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def ddb_table_name() -> str:
+    """A fresh DynamoDB table name (not created)."""
+    return f"lancetx_{uuid.uuid4().hex[:12]}"
