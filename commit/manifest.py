@@ -1,0 +1,440 @@
+"""The binary manifest file: sections, the length-prefixed Manifest, and the footer.
+
+A manifest file is laid out, in write order, as::
+
+    [IndexSection]        optional; u32 LE length + protobuf, position in Manifest.index_section
+    [Transaction]         optional inline transaction; u32 LE length + protobuf
+    Manifest              u32 LE length + protobuf
+    footer (16 bytes)     i64 LE position of the Manifest's length prefix,
+                          i16 LE major, i16 LE minor, b"LANC"
+
+The Manifest must be the last thing before the footer: readers compute its
+length as ``file_size - position - 4 - 16`` and check it against the prefix.
+
+**Where the inline transaction's position lives.** Lance 1.0.0-beta introduced
+``transaction_section = 21``; pylance 14 renamed that field
+``transaction_section_deprecated`` and writes the position in field **23**
+(measured: every pylance 14.0.2 manifest carries field 23 and never 21; pylance
+14 reads either). Our generated ``table_pb2`` may know the field under either
+number, so this module handles both positions on the wire, by field number:
+it writes field 23 like pylance 14, reads 23 first and falls back to 21, and
+keeps both out of :attr:`ManifestFile.manifest` (the position is reported as
+:attr:`ManifestFile.transaction_position`, valid only for the bytes it came from).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from lancetx.commit.errors import ManifestFormatError, UnsupportedFeatureError
+from lancetx.commit.objectstore import ObjectStore
+from lancetx.protos import table_pb2, transaction_pb2
+
+MAGIC = b"LANC"
+FOOTER_SIZE = 16
+#: The footer version pylance 14 writes (``lance_file::format`` MAJOR/MINOR).
+FOOTER_VERSION = (0, 2)
+#: Bytes fetched by the first (and usually only) read of a manifest, as Lance does.
+PREFETCH_SIZE = 64 * 1024
+
+#: Manifest field carrying the inline transaction's position as pylance 14 writes it.
+TRANSACTION_SECTION_FIELD = 23
+#: The same position as Lance 1.0.0-beta wrote it (pylance 14 still reads it).
+LEGACY_TRANSACTION_SECTION_FIELD = 21
+
+_LEN = struct.Struct("<I")
+_FOOTER = struct.Struct("<qhh4s")
+
+# ------------------------------------------------------------------ feature flags
+
+FLAG_DELETION_FILES = 1
+FLAG_STABLE_ROW_IDS = 2
+FLAG_USE_V2_FORMAT_DEPRECATED = 4
+FLAG_TABLE_CONFIG = 8
+FLAG_BASE_PATHS = 16
+FLAG_DISABLE_TRANSACTION_FILE = 32
+
+#: Every flag Lance defines (``rust/lance-table/src/feature_flags.rs``); bits
+#: from 64 up are unknown to Lance itself.
+FEATURE_FLAG_NAMES: Mapping[int, str] = {
+    FLAG_DELETION_FILES: "deletion_files",
+    FLAG_STABLE_ROW_IDS: "stable_row_ids",
+    FLAG_USE_V2_FORMAT_DEPRECATED: "use_v2_format (deprecated)",
+    FLAG_TABLE_CONFIG: "table_config",
+    FLAG_BASE_PATHS: "base_paths",
+    FLAG_DISABLE_TRANSACTION_FILE: "disable_transaction_file",
+}
+
+#: Reader flags lancetx can honour: reading manifests, transactions and deletion
+#: vectors of such tables is correct. (Deletion files stored under another base
+#: path are refused at use, see :mod:`lancetx.commit.deletion`.)
+READER_FLAGS: Mapping[int, str] = dict(FEATURE_FLAG_NAMES)
+
+#: Writer flags lancetx can honour when committing. Stable row ids (2) need the
+#: writer to assign row-id sequences and ``next_row_id``; base paths (16) need
+#: multi-base path resolution. Neither is implemented, so committing to such a
+#: table is refused rather than silently corrupting it.
+WRITER_FLAGS: Mapping[int, str] = {
+    bit: name
+    for bit, name in FEATURE_FLAG_NAMES.items()
+    if bit not in (FLAG_STABLE_ROW_IDS, FLAG_BASE_PATHS)
+}
+
+
+def _flag_names(bits: int) -> list[str]:
+    names = []
+    for bit in range(64):
+        mask = 1 << bit
+        if bits & mask:
+            known = FEATURE_FLAG_NAMES.get(mask)
+            names.append(f"{known} (1<<{bit})" if known else f"unknown flag 1<<{bit}")
+    return names
+
+
+def _check_flags(flags: int, supported: Mapping[int, str], path: str, role: str) -> None:
+    mask = 0
+    for bit in supported:
+        mask |= bit
+    unknown = flags & ~mask
+    if unknown:
+        raise UnsupportedFeatureError(path, role, unknown, _flag_names(unknown))
+
+
+def check_reader_flags(manifest: table_pb2.Manifest, path: str) -> None:
+    """Raise UnsupportedFeatureError if ``manifest`` needs a reader feature we lack."""
+    _check_flags(manifest.reader_feature_flags, READER_FLAGS, path, "reader")
+
+
+def check_writer_flags(manifest: table_pb2.Manifest, path: str) -> None:
+    """Raise UnsupportedFeatureError if committing on top of ``manifest`` needs a
+    writer feature we lack."""
+    _check_flags(manifest.writer_feature_flags, WRITER_FLAGS, path, "writer")
+
+
+# --------------------------------------------------------------- protobuf wire
+
+
+def _read_varint(data: bytes, i: int, end: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if i >= end or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = data[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, i
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        bits = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(bits | 0x80)
+        else:
+            out.append(bits)
+            return bytes(out)
+
+
+def _top_level_fields(data: bytes) -> list[tuple[int, int, int, int | None]]:
+    """``(field_number, start, end, varint_value)`` of each top-level field."""
+    fields: list[tuple[int, int, int, int | None]] = []
+    i, end = 0, len(data)
+    while i < end:
+        start = i
+        key, i = _read_varint(data, i, end)
+        number, wire_type = key >> 3, key & 7
+        value: int | None = None
+        if wire_type == 0:
+            value, i = _read_varint(data, i, end)
+        elif wire_type == 1:
+            i += 8
+        elif wire_type == 2:
+            length, i = _read_varint(data, i, end)
+            i += length
+        elif wire_type == 5:
+            i += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire_type} for field {number}")
+        if i > end:
+            raise ValueError(f"field {number} runs past the end of the message")
+        fields.append((number, start, i, value))
+    return fields
+
+
+_POSITION_FIELDS = (TRANSACTION_SECTION_FIELD, LEGACY_TRANSACTION_SECTION_FIELD)
+
+
+def _strip_fields(data: bytes, fields: list[tuple[int, int, int, int | None]]) -> bytes:
+    if not any(number in _POSITION_FIELDS for number, *_ in fields):
+        return data
+    return b"".join(data[s:e] for number, s, e, _ in fields if number not in _POSITION_FIELDS)
+
+
+def _with_transaction_position(body: bytes, position: int | None) -> bytes:
+    """``body`` without any transaction-position field, plus field 23 = ``position``.
+
+    The field goes where a tag-ordered encoder (prost) puts it: before the first
+    top-level field numbered above 23.
+    """
+    fields = _top_level_fields(body)
+    body = _strip_fields(body, fields)
+    if position is None:
+        return body
+    encoded = _encode_varint(TRANSACTION_SECTION_FIELD << 3) + _encode_varint(position)
+    offset = 0
+    for number, start, end, _ in _top_level_fields(body):
+        if number > TRANSACTION_SECTION_FIELD:
+            return body[:start] + encoded + body[start:]
+        offset = end
+    return body[:offset] + encoded + body[offset:]
+
+
+# -------------------------------------------------------------------- encoding
+
+
+def _length_prefixed(message_bytes: bytes) -> bytes:
+    return _LEN.pack(len(message_bytes)) + message_bytes
+
+
+def encode_manifest(
+    manifest: table_pb2.Manifest,
+    *,
+    indices: Sequence[table_pb2.IndexMetadata] | None = None,
+    transaction: transaction_pb2.Transaction | None = None,
+    footer_version: tuple[int, int] = FOOTER_VERSION,
+) -> bytes:
+    """The bytes of a manifest file holding ``manifest``.
+
+    ``indices`` (even an empty list) are written as an IndexSection and
+    ``transaction`` inline, before the manifest; their positions are set on a
+    copy of ``manifest`` (``index_section`` and field 23, see the module
+    docstring), never on the caller's message. Positions the caller's message
+    already carries are dropped: they only describe the file they came from.
+    """
+    out = bytearray()
+    copy = table_pb2.Manifest()
+    copy.CopyFrom(manifest)
+    copy.ClearField("index_section")
+    if indices is not None:
+        section = table_pb2.IndexSection()
+        section.indices.extend(indices)
+        copy.index_section = len(out)
+        out += _length_prefixed(section.SerializeToString())
+    transaction_position: int | None = None
+    if transaction is not None:
+        transaction_position = len(out)
+        out += _length_prefixed(transaction.SerializeToString())
+    body = _with_transaction_position(copy.SerializeToString(), transaction_position)
+    manifest_position = len(out)
+    out += _length_prefixed(body)
+    major, minor = footer_version
+    out += _FOOTER.pack(manifest_position, major, minor, MAGIC)
+    return bytes(out)
+
+
+# -------------------------------------------------------------------- decoding
+
+
+@dataclass
+class ManifestFile:
+    """A decoded manifest file.
+
+    ``manifest`` is the Manifest message as stored, except that the inline
+    transaction's position is removed from it (it is
+    ``transaction_position``). ``indices`` is None when the file has no index
+    section (an empty section gives ``[]``). ``size`` is the file's length.
+    """
+
+    manifest: table_pb2.Manifest
+    indices: list[table_pb2.IndexMetadata] | None
+    transaction: transaction_pb2.Transaction | None
+    footer_major: int
+    footer_minor: int
+    size: int
+    manifest_position: int = 0
+    transaction_position: int | None = None
+
+    @property
+    def version(self) -> int:
+        """The table version this manifest describes."""
+        return self.manifest.version
+
+
+class _NeedBytes(Exception):
+    """Internal: decoding needs the file from ``position`` on, not yet fetched."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
+
+
+def _decode(buf: bytes, start: int, size: int, path: str) -> ManifestFile:
+    """Decode the manifest file of ``size`` bytes given its bytes ``[start, size)``."""
+
+    def fail(problem: str) -> ManifestFormatError:
+        return ManifestFormatError(path, problem)
+
+    def view(lo: int, hi: int) -> bytes:
+        if lo < start:
+            raise _NeedBytes(lo)
+        return buf[lo - start : hi - start]
+
+    if size < FOOTER_SIZE:
+        raise fail(f"file is {size} bytes, shorter than the {FOOTER_SIZE}-byte footer (truncated?)")
+    position, major, minor, magic = _FOOTER.unpack(view(size - FOOTER_SIZE, size))
+    if magic != MAGIC:
+        raise fail(
+            f"footer magic is {magic!r}, expected {MAGIC!r} (truncated, or not a Lance manifest)"
+        )
+    if not 0 <= position <= size - FOOTER_SIZE - 4:
+        raise fail(
+            f"footer says the manifest starts at byte {position}, outside the file "
+            f"(size {size}; it must lie in 0..{size - FOOTER_SIZE - 4})"
+        )
+    (recorded,) = _LEN.unpack(view(position, position + 4))
+    actual = size - position - 4 - FOOTER_SIZE
+    if recorded != actual:
+        raise fail(
+            f"manifest length prefix at byte {position} says {recorded} bytes, but "
+            f"{actual} bytes lie between it and the footer"
+        )
+    body = view(position + 4, size - FOOTER_SIZE)
+    try:
+        fields = _top_level_fields(body)
+        manifest = table_pb2.Manifest()
+        manifest.ParseFromString(_strip_fields(body, fields))
+    except (DecodeError, ValueError) as exc:
+        raise fail(
+            f"manifest at byte {position} does not decode as lance.table.Manifest: {exc}"
+        ) from None
+
+    def position_of(number: int) -> int | None:
+        found = None
+        for field_number, _, _, value in fields:
+            if field_number == number:
+                found = value  # protobuf: the last occurrence wins
+        return found
+
+    transaction_position = position_of(TRANSACTION_SECTION_FIELD)
+    if transaction_position is None:
+        transaction_position = position_of(LEGACY_TRANSACTION_SECTION_FIELD)
+
+    def section(name: str, pos: int) -> bytes:
+        if pos + 4 > position:
+            raise fail(
+                f"{name} position {pos} is outside the file's sections "
+                f"(the manifest starts at byte {position}, file size {size})"
+            )
+        (length,) = _LEN.unpack(view(pos, pos + 4))
+        if pos + 4 + length > position:
+            raise fail(
+                f"{name} length prefix at byte {pos} says {length} bytes, which runs past "
+                f"the manifest at byte {position}"
+            )
+        return view(pos + 4, pos + 4 + length)
+
+    indices: list[table_pb2.IndexMetadata] | None = None
+    if manifest.HasField("index_section"):
+        data = section("index section", manifest.index_section)
+        index_section = table_pb2.IndexSection()
+        try:
+            index_section.ParseFromString(data)
+        except DecodeError as exc:
+            raise fail(
+                f"index section at byte {manifest.index_section} does not decode "
+                f"as lance.table.IndexSection: {exc}"
+            ) from None
+        indices = list(index_section.indices)
+
+    transaction: transaction_pb2.Transaction | None = None
+    if transaction_position is not None:
+        data = section("inline transaction", transaction_position)
+        transaction = transaction_pb2.Transaction()
+        try:
+            transaction.ParseFromString(data)
+        except DecodeError as exc:
+            raise fail(
+                f"inline transaction at byte {transaction_position} does not decode "
+                f"as lance.table.Transaction: {exc}"
+            ) from None
+
+    return ManifestFile(
+        manifest=manifest,
+        indices=indices,
+        transaction=transaction,
+        footer_major=major,
+        footer_minor=minor,
+        size=size,
+        manifest_position=position,
+        transaction_position=transaction_position,
+    )
+
+
+def decode_manifest(data: bytes, *, path: str) -> ManifestFile:
+    """Decode a whole manifest file. Raises ManifestFormatError naming ``path``.
+
+    Feature flags are not checked here (see :func:`read_manifest`).
+    """
+    return _decode(bytes(data), 0, len(data), path)
+
+
+def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> ManifestFile:
+    """Read and decode the manifest at ``key``, refusing unknown reader features.
+
+    One ``get_tail`` request reads manifests up to 64 KiB (sections included);
+    a larger file takes one more ``get_range`` for the part before the tail.
+    ``size`` is accepted for symmetry with ManifestLocation but not needed: the
+    tail request reports the size. Raises ObjectNotFoundError,
+    ManifestFormatError or UnsupportedFeatureError (path = ``store.uri(key)``).
+    """
+    del size
+    path = store.uri(key)
+    buf, total = store.get_tail(key, PREFETCH_SIZE)
+    start = total - len(buf)
+    try:
+        decoded = _decode(buf, start, total, path)
+    except _NeedBytes:
+        # Everything before the manifest is its sections (and, in legacy files,
+        # dictionary values): fetch all of it at once, so a large manifest costs
+        # exactly one more request.
+        buf = store.get_range(key, 0, start) + buf
+        if len(buf) != total:
+            raise ManifestFormatError(
+                path, f"file changed while being read (expected {total} bytes, got {len(buf)})"
+            ) from None
+        decoded = _decode(buf, 0, total, path)
+    check_reader_flags(decoded.manifest, path)
+    return decoded
+
+
+__all__ = [
+    "FEATURE_FLAG_NAMES",
+    "FLAG_BASE_PATHS",
+    "FLAG_DELETION_FILES",
+    "FLAG_DISABLE_TRANSACTION_FILE",
+    "FLAG_STABLE_ROW_IDS",
+    "FLAG_TABLE_CONFIG",
+    "FLAG_USE_V2_FORMAT_DEPRECATED",
+    "FOOTER_VERSION",
+    "LEGACY_TRANSACTION_SECTION_FIELD",
+    "MAGIC",
+    "PREFETCH_SIZE",
+    "READER_FLAGS",
+    "TRANSACTION_SECTION_FIELD",
+    "WRITER_FLAGS",
+    "ManifestFile",
+    "check_reader_flags",
+    "check_writer_flags",
+    "decode_manifest",
+    "encode_manifest",
+    "read_manifest",
+]
