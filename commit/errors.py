@@ -150,3 +150,82 @@ class VersionNotFoundError(LancetxError):
 
 class CommitError(LancetxError):
     """Base class of errors raised while committing a transaction."""
+
+
+class CommitConflictError(CommitError):
+    """A transaction conflicts with one committed since its read version.
+
+    ``version`` is the version ours tried to build on top of; ``conflicts``
+    lists ``(committed_version, operation_name, reason)`` for each blocking
+    transaction; ``transaction_uuid`` identifies ours.
+    """
+
+    retryable = False
+
+    def __init__(
+        self,
+        uri: str,
+        transaction_uuid: str,
+        operation: str,
+        read_version: int,
+        conflicts: list[tuple[int | None, str, str]],
+    ) -> None:
+        self.uri = uri
+        self.transaction_uuid = transaction_uuid
+        self.operation = operation
+        self.read_version = read_version
+        self.conflicts = conflicts
+        what = "; ".join(reason for _, _, reason in conflicts)
+        kind = "retryable conflict" if self.retryable else "incompatible conflict"
+        super().__init__(f"{kind} committing {operation} (read v{read_version}) to {uri!r}: {what}")
+
+
+class RetryableConflictError(CommitConflictError):
+    """Ours cannot be rebased, but re-reading the table and redoing the operation
+    yields an equivalent result (e.g. a delete racing a compaction of its fragment).
+    Nothing was written for ours."""
+
+    retryable = True
+
+
+class IncompatibleConflictError(CommitConflictError):
+    """Ours no longer makes sense on top of what was committed (e.g. an append
+    racing an overwrite). Retrying unchanged may produce a different result than
+    intended. Nothing was written for ours."""
+
+
+class RetriesExhaustedError(CommitError):
+    """Every attempt lost the race to claim the next version."""
+
+    def __init__(self, uri: str, transaction_uuid: str, attempts: int, last_version: int) -> None:
+        self.uri = uri
+        self.transaction_uuid = transaction_uuid
+        self.attempts = attempts
+        self.last_version = last_version
+        super().__init__(
+            f"could not commit transaction {transaction_uuid} to {uri!r} after {attempts} attempts "
+            f"(last tried version {last_version}); contention is high: retry later or raise "
+            "CommitOptions.retry.max_attempts"
+        )
+
+
+class ExpectedVersionMismatchError(CommitError):
+    """A strict commit found the table at another version than expected. Nothing was written."""
+
+    def __init__(self, uri: str, expected: int, actual: int) -> None:
+        self.uri = uri
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"strict commit to {uri!r} expected the table at version {expected}, but it is at "
+            f"version {actual}; re-read the table and rebuild the transaction"
+        )
+
+
+class InvalidCommitError(CommitError):
+    """A commit request that cannot be valid for this table (nothing was written)."""
+
+    def __init__(self, uri: str, problem: str) -> None:
+        self.uri = uri
+        self.problem = problem
+        super().__init__(f"cannot commit to {uri!r}: {problem}")

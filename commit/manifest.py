@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from lancetx.commit.errors import ManifestFormatError, UnsupportedFeatureError
+from lancetx.commit.errors import ManifestFormatError, ObjectNotFoundError, UnsupportedFeatureError
+from lancetx.commit.handler import ManifestLocation
 from lancetx.commit.objectstore import ObjectStore
 from lancetx.protos import table_pb2, transaction_pb2
 
@@ -416,6 +417,17 @@ def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> M
     return decoded
 
 
+def read_manifest_at(store: ObjectStore, location: ManifestLocation) -> ManifestFile:
+    """Read the manifest at ``location``, falling back to ``location.alternate_key``
+    when ``key`` is gone (a staged manifest finalized and deleted meanwhile)."""
+    try:
+        return read_manifest(store, location.key, size=location.size)
+    except ObjectNotFoundError:
+        if location.alternate_key is None:
+            raise
+        return read_manifest(store, location.alternate_key, size=location.size)
+
+
 __all__ = [
     "FEATURE_FLAG_NAMES",
     "FLAG_BASE_PATHS",
@@ -437,4 +449,5 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "read_manifest",
+    "read_manifest_at",
 ]

@@ -23,7 +23,7 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.handler import ManifestLocation
 from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
-from lancetx.commit.manifest import ManifestFile, read_manifest
+from lancetx.commit.manifest import ManifestFile, read_manifest_at
 from lancetx.commit.objectstore import ObjectStore
 from lancetx.commit.transaction_file import read_transaction_of
 from lancetx.protos import table_pb2, transaction_pb2
@@ -171,7 +171,7 @@ def load_snapshot(store: ObjectStore, base: str, location: ManifestLocation) -> 
     UnsupportedFeatureError for unknown reader features.
     """
     try:
-        manifest_file = read_manifest(store, location.key, size=location.size)
+        manifest_file = read_manifest_at(store, location)
     except ObjectNotFoundError:
         raise VersionNotFoundError(
             store.uri(base), location.version, f"manifest {store.uri(location.key)} is missing"

@@ -1,0 +1,342 @@
+"""The commit loop: check, rebase, build, claim — bounded, for any CommitHandler.
+
+One attempt (Lance's ``commit_transaction``, read top to bottom):
+
+1. Classify ours against every transaction committed after its read version
+   (loaded in parallel, judged in version order). Incompatible or retryable →
+   a typed error, nothing written. Rebasable → merge (``commit.rebase``).
+2. Write our transaction file, build the next manifest from the latest one,
+   encode it with the transaction inline.
+3. Ask the handler to claim ``latest + 1``. Won → done. Lost → the handler
+   names the winner; load what was committed since our latest, and go to 1.
+
+A writer that holds the latest manifest (the one it read, or the one it just
+committed) tries ``latest + 1`` straight away: no listing, no extra read. A
+lost race says who won, so the loser retries at once; the jittered backoff is
+short and only spreads out writers that keep colliding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from lancetx.commit.builder import build_manifest
+from lancetx.commit.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
+from lancetx.commit.errors import (
+    ExpectedVersionMismatchError,
+    IncompatibleConflictError,
+    InvalidCommitError,
+    RetriesExhaustedError,
+    RetryableConflictError,
+)
+from lancetx.commit.handler import CommitHandler, ManifestLocation, VersionAlreadyExistsError
+from lancetx.commit.manifest import (
+    ManifestFile,
+    check_writer_flags,
+    encode_manifest,
+    read_manifest_at,
+)
+from lancetx.commit.naming import NamingScheme
+from lancetx.commit.operations import COMMIT_MESSAGE_KEY, Restore, Transaction
+from lancetx.commit.rebase import rebase_transaction
+from lancetx.commit.transaction_file import read_transaction_of, write_transaction_file
+from lancetx.protos import table_pb2
+
+log = logging.getLogger(__name__)
+
+#: How many committed versions are loaded at once while checking conflicts.
+LOAD_PARALLELISM = 8
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounds on retrying a commit that lost the race for a version.
+
+    ``max_attempts``: attempts in all (Lance's default is 20). Delays grow
+    exponentially from ``base_delay`` to ``max_delay`` seconds; ``jitter`` is the
+    fraction of each delay that is randomized (1.0 = full jitter). The first
+    retry after a lost race waits nothing: the handler already told us the winner.
+    """
+
+    max_attempts: int = 20
+    base_delay: float = 0.002
+    max_delay: float = 0.5
+    jitter: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.base_delay < 0 or self.max_delay < 0 or not 0 <= self.jitter <= 1:
+            raise ValueError("RetryPolicy delays must be >= 0 and jitter in [0, 1]")
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """Delay before each retry (the first is 0)."""
+        rng = rng or random.Random()
+        yield 0.0
+        delay = self.base_delay
+        while True:
+            capped = min(delay, self.max_delay)
+            yield capped * (1 - self.jitter) + rng.uniform(0, capped * self.jitter)
+            delay *= 2
+
+
+@dataclass(frozen=True)
+class CommitOptions:
+    """How to commit.
+
+    ``expected_version``: strict mode — commit only if the table is still at
+    this version, else ExpectedVersionMismatchError with no rebase and nothing
+    written (for callers that own their retries). ``properties`` are stored in
+    the transaction (readable back from the version, visible to pylance);
+    ``commit_message`` is stored under Lance's reserved key. ``naming`` applies
+    to a new table (existing tables keep theirs; V2 is pylance 14's default).
+    ``inline_transaction`` also embeds the transaction in the manifest, so a
+    concurrent writer loads it with the manifest in one GET.
+    """
+
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    expected_version: int | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    commit_message: str | None = None
+    naming: NamingScheme = NamingScheme.V2
+    inline_transaction: bool = True
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed version: where it is, its manifest, and the transaction as committed
+    (after any rebase). Keep it: it is the parent of the next commit, no read needed."""
+
+    location: ManifestLocation
+    manifest: ManifestFile
+    transaction: Transaction
+    attempts: int
+
+    @property
+    def version(self) -> int:
+        return self.location.version
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A version a transaction builds on: its location and decoded manifest."""
+
+    location: ManifestLocation
+    manifest: ManifestFile
+
+    @property
+    def version(self) -> int:
+        return self.location.version
+
+
+def load_parent(handler: CommitHandler, base: str, version: int | None = None) -> Parent | None:
+    """The latest version (or ``version``), or None for a table with no versions."""
+    if version is None:
+        location = handler.resolve_latest(base)
+        if location is None:
+            return None
+    else:
+        location = handler.resolve_version(base, version)
+    return Parent(location, read_manifest_at(handler.store, location))
+
+
+def commit_transaction(
+    handler: CommitHandler,
+    base: str,
+    transaction: Transaction,
+    *,
+    parent: Parent | Committed | None = None,
+    options: CommitOptions | None = None,
+) -> Committed:
+    """Commit ``transaction`` to the table at ``base``.
+
+    ``parent`` is the newest version the caller holds (what it read, or its last
+    Committed); when omitted it is resolved through the handler. Raises
+    RetryableConflictError / IncompatibleConflictError (nothing written for
+    ours), ExpectedVersionMismatchError (strict mode), RetriesExhaustedError,
+    InvalidCommitError, or the handler's CommitStateUnknownError.
+    """
+    options = options or CommitOptions()
+    store = handler.store
+    uri = store.uri(base)
+    ours = _with_properties(transaction, options)
+    current = _as_parent(parent) if parent is not None else load_parent(handler, base)
+    _validate(uri, ours, current, options)
+    restore_source = _restore_source(handler, base, ours)
+
+    # Versions committed between our read version and the parent we hold.
+    pending: list[tuple[int, Transaction]] = []
+    read_fragments: dict[int, table_pb2.DataFragment] = {}
+    if current is not None and current.version > ours.read_version:
+        pending = _load_committed(handler, base, ours.read_version, current.version)
+    if current is not None and ours.read_version > 0:
+        read_fragments = _read_fragments(handler, base, ours, current)
+
+    delays = options.retry.delays()
+    next_version = 1
+    for attempt in range(1, options.retry.max_attempts + 1):
+        if pending and current is not None:
+            ours = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
+            pending = []
+        next_version = current.version + 1 if current is not None else 1
+        txn_pb = ours.to_proto()
+        txn_file = write_transaction_file(store, base, txn_pb)
+        built = build_manifest(
+            current.manifest.manifest if current is not None else None,
+            (current.manifest.indices or []) if current is not None else [],
+            txn_pb,
+            version=next_version,
+            transaction_file=txn_file,
+            restore_source=restore_source,
+        )
+        data = encode_manifest(
+            built.manifest,
+            indices=built.indices,
+            transaction=txn_pb if options.inline_transaction else None,
+        )
+        scheme = current.location.scheme if current is not None else options.naming
+        try:
+            location = handler.commit(base, next_version, data, scheme)
+        except VersionAlreadyExistsError:
+            if options.expected_version is not None:
+                raise ExpectedVersionMismatchError(uri, options.expected_version, next_version) from None
+            log.debug("lost version %d of %s (attempt %d)", next_version, uri, attempt)
+            newer = _load_newer(handler, base, current.version if current is not None else 0)
+            if not newer:  # the winner is not visible yet; back off and look again
+                time.sleep(next(delays) or options.retry.base_delay)
+                continue
+            pending = [(v, t) for v, t, _ in newer]
+            current = newer[-1][2]
+            time.sleep(next(delays))
+            continue
+        manifest = ManifestFile(
+            manifest=built.manifest,
+            indices=list(built.indices) if built.indices is not None else None,
+            transaction=txn_pb if options.inline_transaction else None,
+            footer_major=0,
+            footer_minor=2,
+            size=len(data),
+        )
+        return Committed(location, manifest, ours, attempt)
+    raise RetriesExhaustedError(uri, ours.uuid, options.retry.max_attempts, next_version)
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _as_parent(parent: Parent | Committed) -> Parent:
+    return parent if isinstance(parent, Parent) else Parent(parent.location, parent.manifest)
+
+
+def _with_properties(txn: Transaction, options: CommitOptions) -> Transaction:
+    if not options.properties and options.commit_message is None:
+        return txn
+    props = dict(txn.properties)
+    props.update(options.properties)
+    if options.commit_message is not None:
+        props[COMMIT_MESSAGE_KEY] = options.commit_message
+    return dataclasses.replace(txn, properties=props)
+
+
+def _validate(uri: str, ours: Transaction, current: Parent | None, options: CommitOptions) -> None:
+    latest = current.version if current is not None else 0
+    if ours.read_version > latest:
+        raise InvalidCommitError(
+            uri,
+            f"the transaction read version {ours.read_version}, but the latest version is {latest}; "
+            "it was planned against another table or a version that does not exist",
+        )
+    if current is not None:
+        check_writer_flags(current.manifest.manifest, current.location.key)
+    if options.expected_version is not None and options.expected_version != latest:
+        raise ExpectedVersionMismatchError(uri, options.expected_version, latest)
+
+
+def _restore_source(
+    handler: CommitHandler, base: str, ours: Transaction
+) -> tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None:
+    if not isinstance(ours.operation, Restore):
+        return None
+    source = load_parent(handler, base, ours.operation.version)  # VersionNotFoundError if missing
+    assert source is not None
+    return source.manifest.manifest, list(source.manifest.indices or [])
+
+
+def _load_one(handler: CommitHandler, base: str, location: ManifestLocation) -> tuple[int, Transaction, Parent]:
+    manifest = read_manifest_at(handler.store, location)
+    pb = read_transaction_of(handler.store, base, manifest)
+    if pb is None:
+        raise InvalidCommitError(
+            handler.store.uri(base),
+            f"version {location.version} has no transaction (no inline section and no transaction "
+            "file), so concurrent commits cannot be checked against it",
+        )
+    txn = Transaction.from_proto(pb, source=handler.store.uri(location.key))
+    return location.version, txn, Parent(location, manifest)
+
+
+def _load_newer(handler: CommitHandler, base: str, since: int) -> list[tuple[int, Transaction, Parent]]:
+    """Versions committed after ``since``, with their transactions, loaded in parallel."""
+    locations = handler.list_versions(base, since)
+    if not locations:
+        return []
+    with ThreadPoolExecutor(max_workers=min(LOAD_PARALLELISM, len(locations))) as pool:
+        loaded = list(pool.map(lambda loc: _load_one(handler, base, loc), locations))
+    return sorted(loaded, key=lambda item: item[0])
+
+
+def _load_committed(handler: CommitHandler, base: str, since: int, until: int) -> list[tuple[int, Transaction]]:
+    return [(v, t) for v, t, _ in _load_newer(handler, base, since) if v <= until]
+
+
+def _read_fragments(
+    handler: CommitHandler, base: str, ours: Transaction, current: Parent
+) -> dict[int, table_pb2.DataFragment]:
+    wanted = ours.operation.modified_fragment_ids
+    if not wanted:
+        return {}
+    if current.version == ours.read_version:
+        manifest = current.manifest.manifest
+    else:
+        read = load_parent(handler, base, ours.read_version)
+        assert read is not None
+        manifest = read.manifest.manifest
+    return {f.id: f for f in manifest.fragments if f.id in wanted}
+
+
+def _check_and_rebase(
+    handler: CommitHandler,
+    base: str,
+    ours: Transaction,
+    pending: Sequence[tuple[int, Transaction]],
+    read_fragments: Mapping[int, table_pb2.DataFragment],
+    latest: Parent,
+) -> Transaction:
+    uri = handler.store.uri(base)
+    stable = bool(latest.manifest.manifest.reader_feature_flags & 2)
+    context = ConflictContext(stable_row_ids=stable, read_fragments=read_fragments)
+    verdicts = classify_all(ours, pending, context=context)
+    blocking = [v for v in verdicts if v.blocks]
+    if blocking:
+        conflicts = [(v.committed_version, v.theirs.value, v.reason) for v in blocking]
+        error = IncompatibleConflictError if blocking[0].outcome is Outcome.INCOMPATIBLE else RetryableConflictError
+        raise error(uri, ours.uuid, ours.operation.name, ours.read_version, conflicts)
+    needed: list[RebaseNeeded] = [v.rebase for v in verdicts if v.rebase is not None]
+    if needed:
+        return rebase_transaction(
+            handler.store,
+            base,
+            ours,
+            needed,
+            read_fragments=read_fragments,
+            latest=latest.manifest.manifest,
+        )
+    # Compatible with everything: Lance keeps the read version for these
+    # (it only names the transaction file); the manifest is built on the latest.
+    return ours

@@ -1,0 +1,69 @@
+"""A commit handler for stores with an atomic create-if-absent.
+
+Local filesystems (hard-link based ``put_if_not_exists``) and S3 buckets that
+honour ``If-None-Match: *`` make "version N exists" atomic by themselves: the
+manifest is written straight to its final name and the first writer wins.
+Versions are discovered by listing ``_versions/``.
+
+A store declared legacy (``capabilities.conditional_put`` False) is refused:
+there, two writers could both "create" the same version, so it must commit
+through an external manifest store (``lancetx.externalstore``).
+"""
+
+from __future__ import annotations
+
+from lancetx.commit.errors import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    UnsupportedOperationError,
+    VersionNotFoundError,
+)
+from lancetx.commit.handler import CommitHandler, ManifestLocation, VersionAlreadyExistsError
+from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
+from lancetx.commit.naming import NamingScheme, manifest_key
+from lancetx.commit.objectstore import ObjectStore
+
+
+class ConditionalPutCommitHandler(CommitHandler):
+    """Claims a version by creating its final manifest with ``put_if_not_exists``."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        if not store.capabilities.conditional_put:
+            raise UnsupportedOperationError(
+                "put_if_not_exists",
+                store.uri(""),
+                "this store cannot create objects atomically (a legacy S3 store), so concurrent "
+                "writers could overwrite each other's versions; commit through DynamoDB instead "
+                "(s3+ddb://bucket/path?ddbTableName=TABLE, lancetx.externalstore)",
+            )
+        self.store = store
+
+    def resolve_latest(self, base: str) -> ManifestLocation | None:
+        """The newest manifest, by listing ``_versions/``."""
+        return latest_manifest_location(self.store, base)
+
+    def resolve_version(self, base: str, version: int) -> ManifestLocation:
+        """``version``'s manifest: a HEAD per naming scheme, newest scheme first."""
+        for scheme in (NamingScheme.V2, NamingScheme.V1):
+            key = manifest_key(base, version, scheme)
+            try:
+                meta = self.store.head(key)
+            except ObjectNotFoundError:
+                continue
+            return ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+        raise VersionNotFoundError(self.store.uri(base), version)
+
+    def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
+        """Versions after ``since``, by listing ``_versions/``."""
+        return [loc for loc in list_manifest_locations(self.store, base) if loc.version > since]
+
+    def commit(self, base: str, version: int, manifest: bytes, scheme: NamingScheme) -> ManifestLocation:
+        """Create the final manifest of ``version`` if absent."""
+        key = manifest_key(base, version, scheme)
+        try:
+            meta = self.store.put_if_not_exists(key, manifest)
+        except ObjectExistsError:
+            raise VersionAlreadyExistsError(
+                self.store.uri(base), version, winner=ManifestLocation(version, key, scheme)
+            ) from None
+        return ManifestLocation(version, key, scheme, size=len(manifest), etag=meta.etag)

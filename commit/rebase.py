@@ -1,0 +1,139 @@
+"""Rebasing a transaction onto versions committed since it read the table.
+
+The only rebase that changes data is Delete/Update against Delete/Update on
+the same fragments (the spec's "rebasable conflict"): both sides only wrote
+deletion vectors, so ours is moved onto the latest version by merging vectors.
+
+* our affected rows = rows deleted in our new deletion file that were not
+  deleted at our read version;
+* if any of them is already deleted at the latest version, both transactions
+  touched the same rows: a RETRYABLE conflict (nothing is written for ours);
+* otherwise the union is written as a new deletion file (``read_version`` =
+  the latest version); a fragment whose rows are now all deleted moves to the
+  removed list.
+
+Singleton-index rebases (fragment-reuse and MemWAL index details) are not
+implemented: such a verdict surfaces as a retryable conflict, with that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from pyroaring import BitMap
+
+from lancetx.commit.conflicts import RebaseKind, RebaseNeeded
+from lancetx.commit.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.errors import RetryableConflictError
+from lancetx.commit.objectstore import ObjectStore
+from lancetx.commit.operations import DataFragment, Delete, Transaction, Update
+from lancetx.protos import table_pb2
+
+
+class _Overlap(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def rebase_transaction(
+    store: ObjectStore,
+    base: str,
+    ours: Transaction,
+    needed: Sequence[RebaseNeeded],
+    *,
+    read_fragments: Mapping[int, DataFragment],
+    latest: table_pb2.Manifest,
+) -> Transaction:
+    """``ours`` rebased onto ``latest``; raises RetryableConflictError when it cannot be."""
+    uri = store.uri(base)
+    unsupported = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
+    if unsupported:
+        kinds = ", ".join(sorted({n.kind.value for n in unsupported}))
+        raise RetryableConflictError(
+            uri,
+            ours.uuid,
+            ours.operation.name,
+            ours.read_version,
+            [
+                (
+                    n.committed_version,
+                    n.kind.value,
+                    f"lancetx cannot yet rebase by '{kinds}'; re-read the table and retry",
+                )
+                for n in unsupported
+            ],
+        )
+    fragment_ids = frozenset().union(*(n.fragment_ids for n in needed)) if needed else frozenset()
+    op = ours.operation
+    if not fragment_ids or not isinstance(op, Delete | Update):
+        return dataclasses.replace(ours, read_version=latest.version)
+    latest_by_id = {f.id: f for f in latest.fragments}
+    try:
+        updated, emptied = _merge(store, base, op.updated_fragments, fragment_ids, read_fragments, latest_by_id, latest.version)
+    except _Overlap as overlap:
+        versions = [n.committed_version for n in needed]
+        raise RetryableConflictError(
+            uri,
+            ours.uuid,
+            op.name,
+            ours.read_version,
+            [(v, "Delete/Update", overlap.reason) for v in versions],
+        ) from None
+    new_op: Delete | Update
+    if isinstance(op, Delete):
+        new_op = dataclasses.replace(
+            op, updated_fragments=updated, deleted_fragment_ids=tuple(op.deleted_fragment_ids) + emptied
+        )
+    else:
+        new_op = dataclasses.replace(
+            op, updated_fragments=updated, removed_fragment_ids=tuple(op.removed_fragment_ids) + emptied
+        )
+    return dataclasses.replace(ours, operation=new_op, read_version=latest.version)
+
+
+def _merge(
+    store: ObjectStore,
+    base: str,
+    ours: Sequence[DataFragment],
+    fragment_ids: frozenset[int],
+    read_fragments: Mapping[int, DataFragment],
+    latest_by_id: Mapping[int, DataFragment],
+    latest_version: int,
+) -> tuple[tuple[DataFragment, ...], tuple[int, ...]]:
+    updated: list[DataFragment] = []
+    emptied: list[int] = []
+    for fragment in ours:
+        if fragment.id not in fragment_ids:
+            updated.append(fragment)
+            continue
+        current = latest_by_id.get(fragment.id)
+        if current is None:
+            raise _Overlap(f"fragment {fragment.id} was removed by the committed transaction")
+        before = _vector(store, base, read_fragments.get(fragment.id))
+        mine = _vector(store, base, fragment)
+        affected = mine - before
+        theirs = _vector(store, base, current)
+        both = theirs & affected
+        if both:
+            sample = ", ".join(str(r) for r in list(both)[:5])
+            raise _Overlap(
+                f"both deleted rows {sample}{'…' if len(both) > 5 else ''} of fragment {fragment.id}"
+            )
+        merged = theirs | affected
+        if len(merged) >= current.physical_rows > 0:
+            emptied.append(fragment.id)
+            continue
+        rebased = DataFragment()
+        rebased.CopyFrom(current)
+        rebased.deletion_file.CopyFrom(
+            write_deletion_vector(store, base, fragment.id, latest_version, merged)
+        )
+        updated.append(rebased)
+    return tuple(updated), tuple(emptied)
+
+
+def _vector(store: ObjectStore, base: str, fragment: DataFragment | None) -> BitMap:
+    if fragment is None or not fragment.HasField("deletion_file"):
+        return BitMap()
+    return read_deletion_vector(store, base, fragment.id, fragment.deletion_file)

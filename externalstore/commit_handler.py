@@ -1,0 +1,207 @@
+"""Commit handlers that claim versions through an external manifest store.
+
+:class:`ExternalStoreCommitHandler` is the engine's :class:`CommitHandler` for
+object stores without a trustworthy conditional PUT: the conditional insert in
+the external store (DynamoDB) is the only linearization point. The protocol
+itself lives in :mod:`lancetx.externalstore.protocol`; this module drives it and
+adds what involves the object store's history: tables that have manifests but
+no entries yet (written before DynamoDB, or by plain pylance) open through the
+listing, and the first commit through the store continues their history.
+
+Versions committed since a read version come from the external store (one
+Query), not from listing the bucket: a legacy store's listing may be stale.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lancetx.commit.errors import ObjectNotFoundError, VersionNotFoundError
+from lancetx.commit.handler import CommitHandler, ManifestLocation
+from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
+from lancetx.commit.naming import NamingScheme, manifest_key
+from lancetx.commit.objectstore import ObjectStore
+from lancetx.commit.s3store_async import AsyncObjectStore
+from lancetx.externalstore.base import (
+    AsyncExternalManifestStore,
+    ExternalManifestStore,
+    ManifestEntry,
+)
+from lancetx.externalstore.errors import EntryExistsError
+from lancetx.externalstore.protocol import (
+    COMMITTER,
+    CommitOutcome,
+    Table,
+    commit_steps,
+    location_of,
+    resolve_steps,
+    run,
+    run_async,
+)
+
+log = logging.getLogger(__name__)
+
+#: How far past a (possibly stale) listing we probe with HEAD when onboarding.
+ONBOARD_PROBE_LIMIT = 1000
+
+
+class ExternalStoreCommitHandler(CommitHandler):
+    """Claims versions with a conditional insert into ``entries``; manifests live in ``store``.
+
+    ``base`` arguments are table base keys in ``store``; the external store's
+    ``base_uri`` for a table is the same string (Lance's convention: the path
+    inside the bucket, see :mod:`lancetx.externalstore.uri`).
+    """
+
+    def __init__(
+        self, store: ObjectStore, entries: ExternalManifestStore, *, committer: str = COMMITTER
+    ) -> None:
+        self.store = store
+        self.entries = entries
+        self.committer = committer
+        #: Outcome of the last commit (for callers that want to know about finalization).
+        self.last_outcome: CommitOutcome | None = None
+
+    def _table(self, base: str) -> Table:
+        return Table(base_uri=base, base_key=base)
+
+    def resolve_latest(self, base: str) -> ManifestLocation | None:
+        """The newest version: one consistent Query; finalizes it if still staged.
+
+        A table with no entries is onboarded: its newest manifest is found by
+        listing, confirmed by probing the next names (a stale listing must not
+        hide a newer version), and recorded in the external store so that every
+        later commit is claimed there.
+        """
+        location = run(resolve_steps(self._table(base)), self.store, self.entries)
+        if location is not None:
+            return location
+        return self._onboard(base)
+
+    def resolve_version(self, base: str, version: int) -> ManifestLocation:
+        """``version``'s manifest, finalizing it if staged; falls back to the object store
+        for versions committed before the table used the external store."""
+        location = run(resolve_steps(self._table(base), version), self.store, self.entries)
+        if location is not None:
+            return location
+        for scheme in (NamingScheme.V2, NamingScheme.V1):
+            key = manifest_key(base, version, scheme)
+            try:
+                meta = self.store.head(key)
+            except ObjectNotFoundError:
+                continue
+            return ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+        raise VersionNotFoundError(
+            self.store.uri(base), version, "no external-store entry and no manifest"
+        )
+
+    def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
+        """Committed versions after ``since``, from the external store; versions older
+        than its first entry (pre-onboarding history) come from the listing."""
+        table = self._table(base)
+        found = [location_of(table, e) for e in self.entries.list_entries(base, since)]
+        if not found or found[0].version > since + 1:
+            first = found[0].version if found else None
+            older = [
+                loc
+                for loc in list_manifest_locations(self.store, base)
+                if loc.version > since and (first is None or loc.version < first)
+            ]
+            found = older + found
+        return found
+
+    def commit(
+        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+    ) -> ManifestLocation:
+        """The four-step commit of ``version``; see :func:`protocol.commit_steps`."""
+        outcome = run(
+            commit_steps(self._table(base), version, scheme, manifest, committer=self.committer),
+            self.store,
+            self.entries,
+        )
+        self.last_outcome = outcome
+        return outcome.location
+
+    def _onboard(self, base: str) -> ManifestLocation | None:
+        latest = latest_manifest_location(self.store, base)
+        if latest is None:
+            return None
+        latest = _probe_newer(self.store, base, latest)
+        entry = ManifestEntry(
+            base_uri=base,
+            version=latest.version,
+            path=latest.key,
+            size=latest.size,
+            committer=self.committer,
+        )
+        try:
+            self.entries.put_if_not_exists(entry)
+            log.info(
+                "onboarded %s at version %d into the external store",
+                self.store.uri(base),
+                latest.version,
+            )
+        except EntryExistsError:
+            pass  # another process onboarded it, or committed meanwhile: both fine
+        return latest
+
+
+def _probe_newer(store: ObjectStore, base: str, latest: ManifestLocation) -> ManifestLocation:
+    """HEAD the names after ``latest`` (reads of one key are consistent even where listings are not)."""
+    current = latest
+    for _ in range(ONBOARD_PROBE_LIMIT):
+        key = manifest_key(base, current.version + 1, current.scheme)
+        try:
+            meta = store.head(key)
+        except ObjectNotFoundError:
+            return current
+        current = ManifestLocation(
+            current.version + 1, key, current.scheme, size=meta.size, etag=meta.etag
+        )
+    return current
+
+
+class AsyncExternalStoreCommitHandler:
+    """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3), driving the same protocol."""
+
+    def __init__(
+        self,
+        store: AsyncObjectStore,
+        entries: AsyncExternalManifestStore,
+        *,
+        committer: str = COMMITTER,
+    ) -> None:
+        self.store = store
+        self.entries = entries
+        self.committer = committer
+        self.last_outcome: CommitOutcome | None = None
+
+    async def resolve_latest(self, base: str) -> ManifestLocation | None:
+        """See :meth:`ExternalStoreCommitHandler.resolve_latest` (no onboarding: use the sync handler once)."""
+        return await run_async(resolve_steps(Table(base, base)), self.store, self.entries)
+
+    async def resolve_version(self, base: str, version: int) -> ManifestLocation:
+        """See :meth:`ExternalStoreCommitHandler.resolve_version`."""
+        location = await run_async(
+            resolve_steps(Table(base, base), version), self.store, self.entries
+        )
+        if location is None:
+            raise VersionNotFoundError(self.store.uri(base), version, "no external-store entry")
+        return location
+
+    async def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
+        """Committed versions after ``since`` from the external store."""
+        table = Table(base, base)
+        return [location_of(table, e) for e in await self.entries.list_entries(base, since)]
+
+    async def commit(
+        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+    ) -> ManifestLocation:
+        """See :meth:`ExternalStoreCommitHandler.commit`."""
+        outcome = await run_async(
+            commit_steps(Table(base, base), version, scheme, manifest, committer=self.committer),
+            self.store,
+            self.entries,
+        )
+        self.last_outcome = outcome
+        return outcome.location

@@ -1,0 +1,57 @@
+"""From a table URI and storage options to the commit handler that serves it.
+
+* ``s3+ddb://bucket/path?ddbTableName=T`` — versions are claimed in DynamoDB
+  (:class:`ExternalStoreCommitHandler`); the S3 store is declared legacy, so no
+  request ever carries a conditional header.
+* ``s3://bucket/path`` — S3 with a real conditional PUT
+  (:class:`ConditionalPutCommitHandler`); refused if declared legacy.
+* a local path or ``file://`` URI — rename/link-if-not-exists on disk.
+
+``storage_options`` use pylance's names (``aws_endpoint``, ``aws_region``,
+``dynamodb_endpoint``, ``aws_access_key_id``, …), so one dict serves pylance and
+lancetx alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from lancetx.commit.conditional_handler import ConditionalPutCommitHandler
+from lancetx.commit.handler import CommitHandler
+from lancetx.commit.stores import open_object_store
+from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.uri import parse_ddb_uri
+
+
+@dataclass(frozen=True)
+class TableConnection:
+    """Everything needed to read and commit one table.
+
+    ``base`` is the table's key in ``handler.store``; ``data_uri`` is the URI
+    pylance should write data files to (``s3://…`` for an ``s3+ddb://`` table);
+    ``storage_options`` are the options to hand pylance.
+    """
+
+    uri: str
+    handler: CommitHandler
+    base: str
+    data_uri: str
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+
+def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> TableConnection:
+    """The handler, base key and data URI for ``uri``. Raises InvalidUriError,
+    the DynamoDB validation errors (missing table, wrong key schema), or
+    UnsupportedOperationError for a legacy ``s3://`` store."""
+    options = dict(storage_options or {})
+    if uri.lower().startswith("s3+ddb://"):
+        parsed = parse_ddb_uri(uri)
+        store, base = open_object_store(parsed.s3_uri, options, legacy=True)
+        entries = DynamoDBManifestStore.from_config(parsed.table_name, DynamoDBConfig.from_options(options))
+        handler: CommitHandler = ExternalStoreCommitHandler(store, entries)
+        return TableConnection(uri, handler, parsed.base_key, parsed.s3_uri, options)
+    store, base = open_object_store(uri, options)
+    handler = ConditionalPutCommitHandler(store)
+    return TableConnection(uri, handler, base, uri, options)

@@ -1,0 +1,164 @@
+"""``make demo``: concurrent writers on a legacy S3 bucket, made safe by DynamoDB.
+
+Starts an embedded moto server (S3 + DynamoDB on 127.0.0.1, fake credentials)
+whose S3 silently ignores ``If-None-Match`` — the kind of store lancetx exists
+for — then:
+
+1. creates the Lance-layout DynamoDB table and a Lance table (pylance,
+   ``s3+ddb://``);
+2. runs lancetx writer threads and a pylance writer appending at the same time,
+   every commit claimed through DynamoDB;
+3. checks with pylance that the history is linear (versions 1..N, no gap) and
+   that every acknowledged append is there;
+4. prints the versions as lancetx's own reader sees them.
+
+Run ``python -m lancetx.externalstore.demo --help`` for the knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import boto3
+import lance
+import pyarrow as pa
+
+from lancetx.commit.committer import Committed, Parent, commit_transaction, load_parent
+from lancetx.commit.fragments import fragment_from_pylance
+from lancetx.commit.operations import Append, Transaction
+from lancetx.commit.snapshot import load_snapshot
+from lancetx.externalstore.connect import TableConnection, connect
+from lancetx.externalstore.dynamodb import create_table
+from lancetx.externalstore.embedded import EmbeddedAws
+
+BUCKET = "lancetx-demo"
+DDB_TABLE = "lancetx_demo_manifests"
+
+
+@dataclass
+class Tally:
+    """Acknowledged appends, by writer."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    commits: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, writer: str, rows: int) -> None:
+        with self.lock:
+            self.rows[writer] = self.rows.get(writer, 0) + rows
+            self.commits[writer] = self.commits.get(writer, 0) + 1
+
+
+def batch(writer: str, seq: int, rows: int) -> pa.Table:
+    return pa.table(
+        {
+            "writer": pa.array([writer] * rows, pa.string()),
+            "seq": pa.array([seq] * rows, pa.int64()),
+            "value": pa.array([float(i) for i in range(rows)], pa.float64()),
+        }
+    )
+
+
+def lancetx_append(conn: TableConnection, data: pa.Table, parent: Parent | Committed | None) -> Committed:
+    """Write data files with pylance, commit the Append with lancetx."""
+    if parent is None:
+        parent = load_parent(conn.handler, conn.base)
+        if parent is None:
+            raise RuntimeError(f"table {conn.uri} does not exist")
+    fragments = lance.fragment.write_fragments(data, conn.data_uri, storage_options=conn.storage_options)
+    txn = Transaction(
+        read_version=parent.version,
+        operation=Append(fragments=tuple(fragment_from_pylance(f) for f in fragments)),
+        properties={"writer": "lancetx-demo"},
+    )
+    return commit_transaction(conn.handler, conn.base, txn, parent=parent)
+
+
+def lancetx_writer(conn: TableConnection, name: str, appends: int, rows: int, tally: Tally) -> None:
+    parent: Parent | Committed | None = None
+    for seq in range(appends):
+        parent = lancetx_append(conn, batch(name, seq, rows), parent)
+        tally.add(name, rows)
+
+
+def pylance_writer(uri: str, options: dict[str, str], name: str, appends: int, rows: int, tally: Tally) -> None:
+    for seq in range(appends):
+        lance.write_dataset(batch(name, seq, rows), uri, mode="append", storage_options=options)
+        tally.add(name, rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--lancetx-writers", type=int, default=4, help="concurrent lancetx writer threads")
+    parser.add_argument("--pylance-writers", type=int, default=1, help="concurrent pylance writer threads")
+    parser.add_argument("--appends", type=int, default=5, help="appends per writer")
+    parser.add_argument("--rows", type=int, default=100, help="rows per append")
+    args = parser.parse_args(argv)
+
+    with EmbeddedAws(legacy_s3=True) as aws:
+        print(f"embedded S3 + DynamoDB (moto) at {aws.endpoint}; S3 ignores If-None-Match (legacy)")
+        options = aws.pylance_storage_options()
+        boto3.client("s3", **aws.client_kwargs()).create_bucket(Bucket=BUCKET)
+        create_table(boto3.client("dynamodb", **aws.client_kwargs()), DDB_TABLE)
+        uri = f"s3+ddb://{BUCKET}/events.lance?ddbTableName={DDB_TABLE}"
+        print(f"table {uri}")
+
+        lance.write_dataset(batch("setup", 0, args.rows), uri, storage_options=options)
+        tally = Tally()
+        tally.add("setup", args.rows)
+        conn = connect(uri, options)
+
+        threads = [
+            threading.Thread(target=lancetx_writer, args=(conn, f"lancetx-{i}", args.appends, args.rows, tally))
+            for i in range(args.lancetx_writers)
+        ] + [
+            threading.Thread(target=pylance_writer, args=(uri, options, f"pylance-{i}", args.appends, args.rows, tally))
+            for i in range(args.pylance_writers)
+        ]
+        started = time.perf_counter()
+        errors: list[BaseException] = []
+
+        def guarded(thread: threading.Thread) -> None:
+            try:
+                thread.run()
+            except BaseException as exc:  # report every writer's failure, not just the first
+                errors.append(exc)
+
+        runners = [threading.Thread(target=guarded, args=(t,)) for t in threads]
+        for runner in runners:
+            runner.start()
+        for runner in runners:
+            runner.join()
+        elapsed = time.perf_counter() - started
+        if errors:
+            for exc in errors:
+                print(f"writer failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+
+        commits = sum(tally.commits.values())
+        print(f"{commits} commits from {len(threads) + 1} writers in {elapsed:.2f}s")
+        ds = lance.dataset(uri, storage_options=options)
+        versions = [v["version"] for v in ds.versions()]
+        expected_rows = sum(tally.rows.values())
+        linear = versions == list(range(1, commits + 1))
+        complete = ds.count_rows() == expected_rows
+        print(f"pylance sees versions 1..{max(versions)}: {'linear, no gap' if linear else versions}")
+        print(f"pylance counts {ds.count_rows()} rows; acknowledged {expected_rows}: {'all present' if complete else 'LOST ROWS'}")
+
+        print("\nversion  operation  committed by  rows")
+        for location in conn.handler.list_versions(conn.base, 0):
+            snap = load_snapshot(conn.handler.store, conn.base, location)
+            txn = snap.transaction()
+            op = txn.WhichOneof("operation") if txn is not None else "?"
+            writer = snap.manifest.writer_version.library
+            print(f"{snap.version:>7}  {op:<9}  {writer:<12}  {snap.num_rows}")
+        return 0 if linear and complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
