@@ -203,7 +203,7 @@ class EmbeddedAws:
             raise RuntimeError("EmbeddedAws is not started")
         self._app.interceptor = interceptor
 
-    def client_kwargs(self) -> dict[str, str]:
+    def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``boto3.client(...)`` pointing at this server."""
         return {
             "endpoint_url": self.endpoint,

@@ -328,7 +328,7 @@ def finalize_steps(
         copied: ObjectMeta = yield CopyObject(staged, final)
     except ObjectNotFoundError:
         # Someone may have finalized and removed the staged object. Check, never assume.
-        current = yield GetEntry(table.base_uri, entry.version)
+        current: ManifestEntry = yield GetEntry(table.base_uri, entry.version)
         validate_entry(table, current)
         if not current.is_staged:
             return current

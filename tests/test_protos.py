@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
+
 from lancetx.protos import file_pb2, rowids_pb2, table_pb2, transaction_pb2
 
 PROTOS = Path(__file__).resolve().parent.parent / "protos"
