@@ -43,7 +43,13 @@ from lancetx.commit.manifest import (
     read_manifest_at,
 )
 from lancetx.commit.naming import NamingScheme
-from lancetx.commit.operations import COMMIT_MESSAGE_KEY, Restore, Transaction
+from lancetx.commit.operations import (
+    COMMIT_MESSAGE_KEY,
+    FRAG_REUSE_INDEX_NAME,
+    Restore,
+    Rewrite,
+    Transaction,
+)
 from lancetx.commit.rebase import rebase_transaction
 from lancetx.commit.transaction_file import read_transaction_of, write_transaction_file
 from lancetx.protos import table_pb2
@@ -182,7 +188,16 @@ def commit_transaction(
     next_version = 1
     for attempt in range(1, options.retry.max_attempts + 1):
         if pending and current is not None:
-            ours = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
+            rebased = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
+            if rebased.read_version != ours.read_version:
+                # Rebased onto ``current``: that is now what ours read. A later
+                # rebase must diff against it, or the rows the winners deleted
+                # (now in our merged vectors) would count as ours and overlap.
+                wanted = rebased.operation.modified_fragment_ids
+                read_fragments = {
+                    f.id: f for f in current.manifest.manifest.fragments if f.id in wanted
+                }
+            ours = rebased
             pending = []
         next_version = current.version + 1 if current is not None else 1
         txn_pb = ours.to_proto()
@@ -195,9 +210,11 @@ def commit_transaction(
             transaction_file=txn_file,
             restore_source=restore_source,
         )
+        # Lance writes an index section only when there are indices.
+        indices = list(built.indices) or None
         data = encode_manifest(
             built.manifest,
-            indices=built.indices,
+            indices=indices,
             transaction=txn_pb if options.inline_transaction else None,
         )
         scheme = current.location.scheme if current is not None else options.naming
@@ -205,7 +222,9 @@ def commit_transaction(
             location = handler.commit(base, next_version, data, scheme)
         except VersionAlreadyExistsError:
             if options.expected_version is not None:
-                raise ExpectedVersionMismatchError(uri, options.expected_version, next_version) from None
+                raise ExpectedVersionMismatchError(
+                    uri, options.expected_version, next_version
+                ) from None
             log.debug("lost version %d of %s (attempt %d)", next_version, uri, attempt)
             newer = _load_newer(handler, base, current.version if current is not None else 0)
             if not newer:  # the winner is not visible yet; back off and look again
@@ -217,7 +236,7 @@ def commit_transaction(
             continue
         manifest = ManifestFile(
             manifest=built.manifest,
-            indices=list(built.indices) if built.indices is not None else None,
+            indices=indices,
             transaction=txn_pb if options.inline_transaction else None,
             footer_major=0,
             footer_minor=2,
@@ -268,7 +287,9 @@ def _restore_source(
     return source.manifest.manifest, list(source.manifest.indices or [])
 
 
-def _load_one(handler: CommitHandler, base: str, location: ManifestLocation) -> tuple[int, Transaction, Parent]:
+def _load_one(
+    handler: CommitHandler, base: str, location: ManifestLocation
+) -> tuple[int, Transaction, Parent]:
     manifest = read_manifest_at(handler.store, location)
     pb = read_transaction_of(handler.store, base, manifest)
     if pb is None:
@@ -278,10 +299,21 @@ def _load_one(handler: CommitHandler, base: str, location: ManifestLocation) -> 
             "file), so concurrent commits cannot be checked against it",
         )
     txn = Transaction.from_proto(pb, source=handler.store.uri(location.key))
+    if isinstance(txn.operation, Rewrite):
+        # Lance never serializes a rewrite's fragment-reuse index into the
+        # transaction; the conflict rules need it, and the version's index
+        # section has it.
+        reuse = [i for i in manifest.indices or [] if i.name == FRAG_REUSE_INDEX_NAME]
+        if reuse:
+            txn = dataclasses.replace(
+                txn, operation=dataclasses.replace(txn.operation, frag_reuse_index=reuse[0])
+            )
     return location.version, txn, Parent(location, manifest)
 
 
-def _load_newer(handler: CommitHandler, base: str, since: int) -> list[tuple[int, Transaction, Parent]]:
+def _load_newer(
+    handler: CommitHandler, base: str, since: int
+) -> list[tuple[int, Transaction, Parent]]:
     """Versions committed after ``since``, with their transactions, loaded in parallel."""
     locations = handler.list_versions(base, since)
     if not locations:
@@ -291,7 +323,9 @@ def _load_newer(handler: CommitHandler, base: str, since: int) -> list[tuple[int
     return sorted(loaded, key=lambda item: item[0])
 
 
-def _load_committed(handler: CommitHandler, base: str, since: int, until: int) -> list[tuple[int, Transaction]]:
+def _load_committed(
+    handler: CommitHandler, base: str, since: int, until: int
+) -> list[tuple[int, Transaction]]:
     return [(v, t) for v, t, _ in _load_newer(handler, base, since) if v <= until]
 
 
@@ -325,7 +359,11 @@ def _check_and_rebase(
     blocking = [v for v in verdicts if v.blocks]
     if blocking:
         conflicts = [(v.committed_version, v.theirs.value, v.reason) for v in blocking]
-        error = IncompatibleConflictError if blocking[0].outcome is Outcome.INCOMPATIBLE else RetryableConflictError
+        error = (
+            IncompatibleConflictError
+            if blocking[0].outcome is Outcome.INCOMPATIBLE
+            else RetryableConflictError
+        )
         raise error(uri, ours.uuid, ours.operation.name, ours.read_version, conflicts)
     needed: list[RebaseNeeded] = [v.rebase for v in verdicts if v.rebase is not None]
     if needed:

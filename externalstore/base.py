@@ -1,0 +1,191 @@
+"""The external manifest store interface: where a version is claimed.
+
+An external manifest store maps ``(base_uri, version)`` to the path of that
+version's manifest. Its conditional insert (:meth:`put_if_not_exists`) is the
+single point where a version is claimed when the object store cannot do an
+atomic conditional PUT. The layout and semantics follow Lance's
+``ExternalManifestStore`` (``rust/lance-table/src/io/commit/external_manifest.rs``)
+so tables stay readable and writable by pylance through ``s3+ddb://``.
+
+One addition: :attr:`ManifestEntry.commit_token`. A writer picks a UUID, uses it
+as the ``-{uuid}`` suffix of its staged manifest name and stores it in the
+entry. When a write's outcome is unknown (a timeout, a 5xx after the request
+was sent) and the retry finds the version taken, the token tells "that item
+is mine" from "another writer won" without guessing (see
+:func:`ownership_of`). Lance ignores the extra attribute.
+
+All reads are strongly consistent: a read issued after a write returned sees it.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+
+from lancetx.commit.naming import MANIFEST_SUFFIX
+
+__all__ = [
+    "AsyncExternalManifestStore",
+    "ExternalManifestStore",
+    "ManifestEntry",
+    "Ownership",
+    "ownership_of",
+    "pointer_flip_done",
+]
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One row of an external manifest store.
+
+    ``base_uri`` is the canonical table key (see :mod:`lancetx.externalstore.uri`);
+    ``path`` is the bucket-relative key of the manifest, either staged
+    (``…/_versions/{name}.manifest-{uuid}``) or final (``….manifest``).
+    ``size`` and ``e_tag`` describe the manifest object when known.
+    ``committer`` names the writing software (Lance writes ``"lancedb"``).
+    ``commit_token`` is the UUID of the writer's staged manifest (lancetx only).
+    """
+
+    base_uri: str
+    version: int
+    path: str
+    size: int | None = None
+    e_tag: str | None = None
+    committer: str | None = None
+    commit_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.base_uri:
+            raise ValueError(
+                "ManifestEntry.base_uri must not be empty (DynamoDB rejects empty keys)"
+            )
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
+            raise ValueError(
+                f"ManifestEntry.version must be a non-negative int, got {self.version!r}"
+            )
+        if not self.path:
+            raise ValueError("ManifestEntry.path must not be empty")
+        if self.size is not None and self.size < 0:
+            raise ValueError(f"ManifestEntry.size must be >= 0, got {self.size}")
+
+    @property
+    def is_staged(self) -> bool:
+        """True while the entry points at a staged manifest (Lance's test: the
+        path's extension is not exactly ``manifest``), i.e. the copy to the
+        final name and the pointer flip have not both happened yet."""
+        return not self.path.endswith(MANIFEST_SUFFIX)
+
+
+class Ownership(enum.Enum):
+    """Whose is an existing entry, relative to an entry we tried to insert."""
+
+    MINE = "mine"
+    THEIRS = "theirs"
+    UNKNOWN = "unknown"
+
+
+def ownership_of(existing: ManifestEntry, attempted: ManifestEntry) -> Ownership:
+    """Decide whether ``existing`` (found at ``attempted``'s key) is ``attempted``.
+
+    * both carry a commit token: equal tokens mean MINE, different THEIRS;
+    * the same path: MINE (a staged path embeds a UUID; a final path is the
+      same pointer whoever wrote it, as in Lance's onboarding backfill);
+    * ``existing`` is a different staged path: THEIRS (another UUID);
+    * ``existing`` is a final path without a token: UNKNOWN. A finalizer that
+      does not know tokens (pylance) rewrites the item without one, so our own
+      commit, already finalized, looks like this. Only the manifest's content
+      (its transaction UUID) can settle it, and only if one of our attempts
+      may have landed; otherwise the caller treats it as THEIRS.
+    """
+    if existing.commit_token is not None and attempted.commit_token is not None:
+        return (
+            Ownership.MINE if existing.commit_token == attempted.commit_token else Ownership.THEIRS
+        )
+    if existing.path == attempted.path:
+        return Ownership.MINE
+    if existing.is_staged:
+        return Ownership.THEIRS
+    return Ownership.UNKNOWN
+
+
+def pointer_flip_done(existing: ManifestEntry, attempted: ManifestEntry) -> bool:
+    """Whether a pointer flip to ``attempted`` already happened (so repeating
+    it, e.g. by a second finalizer or our own retry, is a no-op success)."""
+    return existing.path == attempted.path
+
+
+class ExternalManifestStore(abc.ABC):
+    """A synchronous external manifest store. Implementations are thread-safe.
+
+    Errors are :class:`lancetx.externalstore.errors.ExternalStoreError`
+    subclasses; each names the failing action and resource.
+    """
+
+    @abc.abstractmethod
+    def get(self, base_uri: str, version: int) -> ManifestEntry:
+        """The entry of ``version``. Raises ``EntryNotFoundError``."""
+
+    @abc.abstractmethod
+    def latest(self, base_uri: str) -> ManifestEntry | None:
+        """The entry with the highest version, or None if the table has none."""
+
+    @abc.abstractmethod
+    def put_if_not_exists(self, entry: ManifestEntry) -> None:
+        """Claim ``entry.version``: insert only if no entry exists for the key.
+
+        Returns normally when the insert happened, or when the existing entry is
+        this very write (same commit token or path: a retried request whose
+        first attempt landed). Raises ``EntryExistsError`` carrying the existing
+        entry when another writer holds the version, and ``AmbiguousWriteError``
+        when the outcome cannot be told.
+        """
+
+    @abc.abstractmethod
+    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
+        """Replace an existing entry (the pointer flip from staged to final path).
+
+        With ``expected_path`` the replacement happens only while the entry
+        still points there, so a flip never clobbers a different commit. If the
+        entry already points at ``entry.path`` this is a no-op success. Raises
+        ``EntryNotFoundError`` if there is no entry and ``EntryMismatchError``
+        if it points elsewhere.
+        """
+
+    @abc.abstractmethod
+    def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
+        """All entries with ``version > since``, ascending by version."""
+
+    @abc.abstractmethod
+    def delete_all(self, base_uri: str) -> None:
+        """Delete every entry of ``base_uri`` (used when a table is dropped)."""
+
+
+class AsyncExternalManifestStore(abc.ABC):
+    """The asyncio twin of :class:`ExternalManifestStore`; same semantics."""
+
+    @abc.abstractmethod
+    async def get(self, base_uri: str, version: int) -> ManifestEntry:
+        """See :meth:`ExternalManifestStore.get`."""
+
+    @abc.abstractmethod
+    async def latest(self, base_uri: str) -> ManifestEntry | None:
+        """See :meth:`ExternalManifestStore.latest`."""
+
+    @abc.abstractmethod
+    async def put_if_not_exists(self, entry: ManifestEntry) -> None:
+        """See :meth:`ExternalManifestStore.put_if_not_exists`."""
+
+    @abc.abstractmethod
+    async def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> None:
+        """See :meth:`ExternalManifestStore.put_if_exists`."""
+
+    @abc.abstractmethod
+    async def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
+        """See :meth:`ExternalManifestStore.list_entries`."""
+
+    @abc.abstractmethod
+    async def delete_all(self, base_uri: str) -> None:
+        """See :meth:`ExternalManifestStore.delete_all`."""

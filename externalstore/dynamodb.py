@@ -1,0 +1,864 @@
+"""DynamoDB external manifest store, compatible with Lance's ``s3+ddb://`` tables.
+
+Table layout (Lance's, ``rust/lance-table/src/io/commit/dynamodb.rs``): HASH key
+``base_uri`` (S), RANGE key ``version`` (N); attributes ``path`` (S), ``size``
+(N), ``committer`` (S), optional ``e_tag`` (S), plus lancetx's optional
+``commit_token`` (S), which pylance ignores.
+
+Structure (sans-IO): every operation is a *plan*, a generator that yields
+:class:`ApiCall` (perform this DynamoDB request and send me the response, or
+throw the botocore exception into me) and :class:`Sleep` steps, and returns
+the result. Plans hold all request building, response parsing, pagination,
+retries and ambiguity resolution. :func:`run_plan` here and
+``dynamodb_async.run_plan_async`` are the only code that performs I/O, so the
+sync and async stores share everything else.
+
+Differences from Lance, on purpose:
+
+* DescribeTable also checks the key attribute *types* (Lance checks names only;
+  a ``version`` of type S passes there and fails at the first write).
+* ``put_if_not_exists`` asks for ``ReturnValuesOnConditionCheckFailure=ALL_OLD``
+  and tells "the existing item is mine" (an earlier attempt landed) from
+  "another writer's", via the commit token; Lance reports any error as a
+  conflict.
+* ``put_if_exists`` can require ``path = :expected``, so a pointer flip never
+  overwrites a different commit.
+* ``delete_all`` paginates.
+* Our own bounded, jittered retries (see :mod:`lancetx.externalstore.retry`).
+* Endpoint, region and credentials of DynamoDB are configured separately from
+  S3 (:class:`DynamoDBConfig`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, cast
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.externalstore.base import (
+    ExternalManifestStore,
+    ManifestEntry,
+    Ownership,
+    ownership_of,
+    pointer_flip_done,
+)
+from lancetx.externalstore.errors import (
+    AmbiguousWriteError,
+    DynamoDBTarget,
+    EntryExistsError,
+    EntryMismatchError,
+    EntryNotFoundError,
+    ExternalStoreError,
+    InvalidConfigError,
+    TableNotFoundError,
+    TableSchemaError,
+    translate_error,
+)
+from lancetx.externalstore.retry import BOTOCORE_RETRIES, Attempts, ErrorKind, RetryPolicy, classify
+
+__all__ = [
+    "DEFAULT_COMMITTER",
+    "DEFAULT_REGION",
+    "ApiCall",
+    "DynamoDBConfig",
+    "DynamoDBManifestStore",
+    "Plan",
+    "Sleep",
+    "TableInfo",
+    "clear_validation_cache",
+    "create_table",
+    "create_table_plan",
+    "entry_from_item",
+    "item_from_entry",
+    "make_client",
+    "run_plan",
+]
+
+T = TypeVar("T")
+
+#: ``committer`` written by lancetx (Lance writes ``"lancedb"``).
+DEFAULT_COMMITTER = "lancetx"
+#: Lance's fallback when no region is configured anywhere.
+DEFAULT_REGION = "us-west-2"
+
+BASE_URI = "base_uri"
+VERSION = "version"
+PATH = "path"
+SIZE = "size"
+E_TAG = "e_tag"
+COMMITTER = "committer"
+COMMIT_TOKEN = "commit_token"
+
+#: Lance's condition string, so Lance and lancetx writers exclude each other.
+PUT_IF_NOT_EXISTS_CONDITION = "attribute_not_exists(base_uri) AND attribute_not_exists(version)"
+PUT_IF_EXISTS_CONDITION = "attribute_exists(base_uri) AND attribute_exists(version)"
+
+
+# ============================================================================ config
+
+
+def _first(sources: list[tuple[Mapping[str, str], tuple[str, ...]]]) -> tuple[str, str] | None:
+    for mapping, keys in sources:
+        for key in keys:
+            value = mapping.get(key)
+            if value not in (None, ""):
+                return key, str(value)
+    return None
+
+
+def _number(key: str, raw: str, kind: Callable[[str], float]) -> float:
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InvalidConfigError(key, raw, "expected a number") from None
+    if value <= 0:
+        raise InvalidConfigError(key, raw, "must be > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class DynamoDBConfig:
+    """How to reach DynamoDB, independently of S3.
+
+    ``None`` fields fall back to boto3's defaults (credential chain, profile
+    region); a missing region finally falls back to Lance's ``us-west-2``.
+    The generic ``AWS_ENDPOINT_URL`` (often an S3-compatible store's endpoint)
+    is never used for DynamoDB, as in Lance.
+    """
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    profile: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    connect_timeout: float = 5.0
+    read_timeout: float = 10.0
+    max_pool_connections: int = 32
+    committer: str = DEFAULT_COMMITTER
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None
+    ) -> DynamoDBConfig:
+        """Build from pylance-style storage options and the environment.
+
+        Option keys are case-insensitive. Precedence, first found wins:
+
+        * endpoint: ``dynamodb_endpoint`` (Lance), ``aws_endpoint_url_dynamodb``;
+          env ``DYNAMODB_ENDPOINT`` (Lance), ``AWS_ENDPOINT_URL_DYNAMODB`` (boto3, delta-rs).
+        * region: ``dynamodb_region``, ``aws_region_dynamodb``; env
+          ``AWS_REGION_DYNAMODB``; then S3's ``aws_region`` / ``region``; env
+          ``AWS_REGION``, ``AWS_DEFAULT_REGION``.
+        * credentials: the ``_dynamodb`` set (``aws_access_key_id_dynamodb``,
+          ``aws_secret_access_key_dynamodb``, ``aws_session_token_dynamodb``,
+          as options or upper-case env vars) if any of it is given, else S3's
+          (``aws_access_key_id`` / ``access_key_id``, ``aws_secret_access_key`` /
+          ``secret_access_key``, ``aws_session_token`` / ``session_token`` /
+          ``token``), else boto3's default chain.
+        * ``dynamodb_profile``; ``dynamodb_max_attempts``,
+          ``dynamodb_connect_timeout``, ``dynamodb_read_timeout`` (seconds),
+          ``dynamodb_committer``.
+        """
+        opts = {k.lower(): v for k, v in (options or {}).items() if v is not None}
+        environ = os.environ if env is None else env
+
+        endpoint = _first(
+            [
+                (opts, ("dynamodb_endpoint", "aws_endpoint_url_dynamodb")),
+                (environ, ("DYNAMODB_ENDPOINT", "AWS_ENDPOINT_URL_DYNAMODB")),
+            ]
+        )
+        region = _first(
+            [
+                (opts, ("dynamodb_region", "aws_region_dynamodb")),
+                (environ, ("AWS_REGION_DYNAMODB",)),
+                (opts, ("aws_region", "region")),
+                (environ, ("AWS_REGION", "AWS_DEFAULT_REGION")),
+            ]
+        )
+        ddb_creds = {
+            name: _first([(opts, (f"{name}_dynamodb",)), (environ, (f"{name.upper()}_DYNAMODB",))])
+            for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+        }
+        if any(ddb_creds.values()):
+            key_id, secret, token = (
+                ddb_creds["aws_access_key_id"],
+                ddb_creds["aws_secret_access_key"],
+                ddb_creds["aws_session_token"],
+            )
+            origin = "aws_access_key_id_dynamodb / aws_secret_access_key_dynamodb"
+        else:
+            key_id = _first([(opts, ("aws_access_key_id", "access_key_id"))])
+            secret = _first([(opts, ("aws_secret_access_key", "secret_access_key"))])
+            token = _first([(opts, ("aws_session_token", "session_token", "token"))])
+            origin = "aws_access_key_id / aws_secret_access_key"
+        if (key_id is None) != (secret is None):
+            raise InvalidConfigError(
+                origin, "(one of the pair)", "give both the key id and the secret, or neither"
+            )
+
+        retry = RetryPolicy()
+        if (raw := opts.get("dynamodb_max_attempts")) is not None:
+            retry = replace(retry, max_attempts=int(_number("dynamodb_max_attempts", raw, int)))
+        kwargs: dict[str, Any] = {}
+        if (raw := opts.get("dynamodb_connect_timeout")) is not None:
+            kwargs["connect_timeout"] = _number("dynamodb_connect_timeout", raw, float)
+        if (raw := opts.get("dynamodb_read_timeout")) is not None:
+            kwargs["read_timeout"] = _number("dynamodb_read_timeout", raw, float)
+        if (raw := opts.get("dynamodb_committer")) is not None:
+            kwargs["committer"] = raw
+        return cls(
+            endpoint_url=endpoint[1] if endpoint else None,
+            region=region[1] if region else None,
+            access_key_id=key_id[1] if key_id else None,
+            secret_access_key=secret[1] if secret else None,
+            session_token=token[1] if token else None,
+            profile=opts.get("dynamodb_profile"),
+            retry=retry,
+            **kwargs,
+        )
+
+    def client_kwargs(
+        self, session_region: str | None = None, config_class: type[BotoConfig] = BotoConfig
+    ) -> dict[str, Any]:
+        """Keyword arguments for ``session.client("dynamodb", **kwargs)``.
+
+        botocore's own retries are off (``total_max_attempts=1``): our loop owns
+        them, see :mod:`lancetx.externalstore.retry`.
+        """
+        botocore_options: dict[str, Any] = {
+            "retries": BOTOCORE_RETRIES,
+            "connect_timeout": self.connect_timeout,
+            "read_timeout": self.read_timeout,
+            "max_pool_connections": self.max_pool_connections,
+            # Never send DynamoDB requests to AWS_ENDPOINT_URL (usually S3's).
+            "ignore_configured_endpoint_urls": True,
+        }
+        kwargs: dict[str, Any] = {
+            "region_name": self.region or session_region or DEFAULT_REGION,
+            "config": config_class(**botocore_options),
+        }
+        if self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+        if self.access_key_id:
+            kwargs["aws_access_key_id"] = self.access_key_id
+            kwargs["aws_secret_access_key"] = self.secret_access_key
+            if self.session_token:
+                kwargs["aws_session_token"] = self.session_token
+        return kwargs
+
+
+def make_client(config: DynamoDBConfig | None = None) -> Any:
+    """A boto3 DynamoDB client for ``config`` (a fresh session: thread-safe)."""
+    config = config or DynamoDBConfig.from_options()
+    session = boto3.session.Session(profile_name=config.profile)
+    return session.client("dynamodb", **config.client_kwargs(session.region_name))
+
+
+# ============================================================================ sans-IO core
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """A plan step: perform DynamoDB ``operation`` with ``params``."""
+
+    operation: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A plan step: wait ``seconds`` before the next step."""
+
+    seconds: float
+
+
+Step = ApiCall | Sleep
+Plan = Generator[Step, Any, T]
+
+#: API operation → client method name (boto3 and aiobotocore).
+METHODS = {
+    "DescribeTable": "describe_table",
+    "CreateTable": "create_table",
+    "GetItem": "get_item",
+    "PutItem": "put_item",
+    "Query": "query",
+    "DeleteItem": "delete_item",
+}
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What validation learned about a table."""
+
+    name: str
+    arn: str | None
+    status: str
+
+
+def _check_base_uri(base_uri: str) -> None:
+    if not isinstance(base_uri, str) or not base_uri:
+        raise ValueError("base_uri must be a non-empty string (DynamoDB rejects empty keys)")
+
+
+def key_of(base_uri: str, version: int) -> dict[str, Any]:
+    """The primary key of ``(base_uri, version)``."""
+    _check_base_uri(base_uri)
+    return {BASE_URI: {"S": base_uri}, VERSION: {"N": str(int(version))}}
+
+
+def item_from_entry(entry: ManifestEntry, committer: str) -> dict[str, Any]:
+    """The DynamoDB item of ``entry``; ``committer`` is used when the entry has none."""
+    item: dict[str, Any] = {
+        **key_of(entry.base_uri, entry.version),
+        PATH: {"S": entry.path},
+        COMMITTER: {"S": entry.committer or committer},
+    }
+    if entry.size is not None:
+        item[SIZE] = {"N": str(entry.size)}
+    if entry.e_tag is not None:
+        item[E_TAG] = {"S": entry.e_tag}
+    if entry.commit_token is not None:
+        item[COMMIT_TOKEN] = {"S": entry.commit_token}
+    return item
+
+
+def entry_from_item(
+    item: Mapping[str, Any], target: DynamoDBTarget, operation: str
+) -> ManifestEntry:
+    """Parse an item (as Lance or lancetx wrote it). Raises ExternalStoreError on a malformed item."""
+
+    def text(name: str) -> str | None:
+        value = item.get(name)
+        return str(value["S"]) if isinstance(value, Mapping) and "S" in value else None
+
+    def number(name: str) -> int | None:
+        value = item.get(name)
+        return int(value["N"]) if isinstance(value, Mapping) and "N" in value else None
+
+    try:
+        base_uri, version, path = text(BASE_URI), number(VERSION), text(PATH)
+        if base_uri is None or version is None or path is None:
+            raise ValueError("base_uri (S), version (N) and path (S) are required")
+        return ManifestEntry(
+            base_uri=base_uri,
+            version=version,
+            path=path,
+            size=number(SIZE),
+            e_tag=text(E_TAG),
+            committer=text(COMMITTER),
+            commit_token=text(COMMIT_TOKEN),
+        )
+    except ValueError as exc:
+        raise ExternalStoreError(
+            f"dynamodb:{operation}",
+            target.resource,
+            f"malformed manifest item {dict(item)!r}: {exc}; the table holds items not written by "
+            "Lance or lancetx: fix or delete that item",
+        ) from None
+
+
+def check_table_description(description: Mapping[str, Any], target: DynamoDBTarget) -> TableInfo:
+    """Validate a DescribeTable ``Table`` against the Lance layout. Raises TableSchemaError."""
+    keys = {k["KeyType"]: k["AttributeName"] for k in description.get("KeySchema", [])}
+    types = {
+        a["AttributeName"]: a["AttributeType"] for a in description.get("AttributeDefinitions", [])
+    }
+    found = (
+        ", ".join(f"{kind} {name} ({types.get(name, '?')})" for kind, name in sorted(keys.items()))
+        or "no key schema"
+    )
+    arn = description.get("TableArn")
+    resource = arn or target.resource
+    action = "dynamodb:DescribeTable"
+    if keys.get("HASH") != BASE_URI or keys.get("RANGE") != VERSION or len(keys) != 2:
+        raise TableSchemaError(action, resource, target.table, found, "wrong key schema")
+    if types.get(BASE_URI) != "S" or types.get(VERSION) != "N":
+        raise TableSchemaError(action, resource, target.table, found, "wrong key attribute types")
+    return TableInfo(
+        name=target.table, arn=arn, status=str(description.get("TableStatus", "UNKNOWN"))
+    )
+
+
+class _ConditionFailed(Exception):
+    """Internal: a conditional write's ConditionalCheckFailed, with the attempts so far."""
+
+    def __init__(self, error: ClientError, attempts: Attempts) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.attempts = attempts
+
+    @property
+    def old_item(self) -> Mapping[str, Any] | None:
+        item = self.error.response.get("Item")  # type: ignore[typeddict-item]
+        return cast("Mapping[str, Any] | None", item) if item else None
+
+
+@dataclass
+class PlanContext:
+    """What every plan needs: the table, where it is (for messages), the retry
+    policy, a jitter source and how many items per Query page."""
+
+    target: DynamoDBTarget
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    committer: str = DEFAULT_COMMITTER
+    page_size: int | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def table(self) -> str:
+        return self.target.table
+
+
+def call_plan(
+    ctx: PlanContext, call: ApiCall, *, write: bool = False, entry: ManifestEntry | None = None
+) -> Plan[Any]:
+    """Perform ``call`` with retries. Raises our errors on failure, or
+    :class:`_ConditionFailed` (with the attempt history) on a condition failure.
+    ``entry`` is what a write writes, for AmbiguousWriteError."""
+    attempts = Attempts(ctx.retry, ctx.rng)
+    while True:
+        try:
+            response = yield call
+        except (ClientError, BotoCoreError) as exc:
+            kind = classify(exc)
+            if kind is ErrorKind.CONDITION_FAILED:
+                attempts.succeeded()
+                raise _ConditionFailed(cast(ClientError, exc), attempts) from exc
+            delay = attempts.record(kind, write=write)
+            if delay is None:
+                ambiguous = entry if (write and attempts.ambiguous and entry is not None) else None
+                raise translate_error(
+                    exc,
+                    ctx.target,
+                    call.operation,
+                    attempts=attempts.count,
+                    ambiguous_entry=ambiguous,
+                ) from exc
+            yield Sleep(delay)
+            continue
+        return response
+
+
+def describe_plan(ctx: PlanContext) -> Plan[dict[str, Any]]:
+    """DescribeTable → the ``Table`` description. Raises TableNotFoundError."""
+    response = yield from call_plan(ctx, ApiCall("DescribeTable", {"TableName": ctx.table}))
+    table = response.get("Table")
+    if not table:
+        raise TableNotFoundError("dynamodb:DescribeTable", ctx.target.resource, ctx.target)
+    return cast("dict[str, Any]", table)
+
+
+def validate_plan(ctx: PlanContext) -> Plan[TableInfo]:
+    """DescribeTable and check the layout. Raises TableNotFoundError / TableSchemaError."""
+    description = yield from describe_plan(ctx)
+    return check_table_description(description, ctx.target)
+
+
+def _get_optional_plan(
+    ctx: PlanContext, base_uri: str, version: int, operation: str
+) -> Plan[ManifestEntry | None]:
+    response = yield from call_plan(
+        ctx,
+        ApiCall(
+            "GetItem",
+            {"TableName": ctx.table, "Key": key_of(base_uri, version), "ConsistentRead": True},
+        ),
+    )
+    item = response.get("Item")
+    return entry_from_item(item, ctx.target, operation) if item else None
+
+
+def get_plan(ctx: PlanContext, base_uri: str, version: int) -> Plan[ManifestEntry]:
+    """Consistent GetItem. Raises EntryNotFoundError."""
+    entry = yield from _get_optional_plan(ctx, base_uri, version, "GetItem")
+    if entry is None:
+        raise EntryNotFoundError("dynamodb:GetItem", ctx.target.resource, base_uri, version)
+    return entry
+
+
+def latest_plan(ctx: PlanContext, base_uri: str) -> Plan[ManifestEntry | None]:
+    """Consistent Query, newest first, Limit 1 (Lance's read of the latest version)."""
+    _check_base_uri(base_uri)
+    params = {
+        "TableName": ctx.table,
+        "KeyConditionExpression": "base_uri = :base_uri",
+        "ExpressionAttributeValues": {":base_uri": {"S": base_uri}},
+        "ScanIndexForward": False,
+        "Limit": 1,
+        "ConsistentRead": True,
+    }
+    response = yield from call_plan(ctx, ApiCall("Query", params))
+    items = response.get("Items") or []
+    return entry_from_item(items[0], ctx.target, "Query") if items else None
+
+
+def _query_pages_plan(ctx: PlanContext, params: dict[str, Any]) -> Plan[list[dict[str, Any]]]:
+    items: list[dict[str, Any]] = []
+    start_key: dict[str, Any] | None = None
+    while True:
+        page = dict(params)
+        if ctx.page_size is not None:
+            page["Limit"] = ctx.page_size
+        if start_key is not None:
+            page["ExclusiveStartKey"] = start_key
+        response = yield from call_plan(ctx, ApiCall("Query", page))
+        items.extend(response.get("Items") or [])
+        start_key = response.get("LastEvaluatedKey")
+        if not start_key:
+            return items
+
+
+def list_plan(ctx: PlanContext, base_uri: str, since: int = 0) -> Plan[list[ManifestEntry]]:
+    """Entries with version > ``since``, ascending (paginated consistent Query)."""
+    _check_base_uri(base_uri)
+    params = {
+        "TableName": ctx.table,
+        "KeyConditionExpression": "base_uri = :base_uri AND version > :since",
+        "ExpressionAttributeValues": {
+            ":base_uri": {"S": base_uri},
+            ":since": {"N": str(int(since))},
+        },
+        "ScanIndexForward": True,
+        "ConsistentRead": True,
+    }
+    items = yield from _query_pages_plan(ctx, params)
+    return [entry_from_item(item, ctx.target, "Query") for item in items]
+
+
+def put_if_not_exists_plan(ctx: PlanContext, entry: ManifestEntry) -> Plan[None]:
+    """Conditional PutItem claiming ``entry.version``; see ExternalManifestStore.put_if_not_exists."""
+    params = {
+        "TableName": ctx.table,
+        "Item": item_from_entry(entry, ctx.committer),
+        "ConditionExpression": PUT_IF_NOT_EXISTS_CONDITION,
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    try:
+        yield from call_plan(ctx, ApiCall("PutItem", params), write=True, entry=entry)
+        return None
+    except _ConditionFailed as failed:
+        ambiguous = failed.attempts.ambiguous
+        old = failed.old_item
+        existing = entry_from_item(old, ctx.target, "PutItem") if old else None
+        if existing is None:
+            # A service without ALL_OLD support (older DynamoDB Local): read it.
+            existing = yield from _get_optional_plan(ctx, entry.base_uri, entry.version, "PutItem")
+    action, resource = "dynamodb:PutItem", ctx.target.resource
+    if existing is None:
+        if ambiguous:
+            raise AmbiguousWriteError(
+                action, resource, entry, "the condition failed but the item vanished"
+            )
+        raise EntryExistsError(action, resource, entry.base_uri, entry.version, None)
+    ownership = ownership_of(existing, entry)
+    if ownership is Ownership.MINE:
+        return None
+    if ownership is Ownership.UNKNOWN and ambiguous:
+        raise AmbiguousWriteError(
+            action,
+            resource,
+            entry,
+            "an attempt may have landed and the item was finalized since",
+            existing,
+        )
+    raise EntryExistsError(action, resource, entry.base_uri, entry.version, existing)
+
+
+def put_if_exists_plan(
+    ctx: PlanContext, entry: ManifestEntry, expected_path: str | None
+) -> Plan[None]:
+    """Conditional PutItem replacing an existing entry; see ExternalManifestStore.put_if_exists."""
+    params: dict[str, Any] = {
+        "TableName": ctx.table,
+        "Item": item_from_entry(entry, ctx.committer),
+        "ConditionExpression": PUT_IF_EXISTS_CONDITION,
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    if expected_path is not None:
+        params["ConditionExpression"] += " AND #path = :expected_path"
+        params["ExpressionAttributeNames"] = {"#path": PATH}
+        params["ExpressionAttributeValues"] = {":expected_path": {"S": expected_path}}
+    try:
+        yield from call_plan(ctx, ApiCall("PutItem", params), write=True, entry=entry)
+        return None
+    except _ConditionFailed as failed:
+        old = failed.old_item
+        existing = entry_from_item(old, ctx.target, "PutItem") if old else None
+        if existing is None:
+            existing = yield from _get_optional_plan(ctx, entry.base_uri, entry.version, "PutItem")
+    action, resource = "dynamodb:PutItem", ctx.target.resource
+    if existing is None:
+        raise EntryNotFoundError(action, resource, entry.base_uri, entry.version)
+    if pointer_flip_done(existing, entry):
+        return None
+    raise EntryMismatchError(action, resource, entry, expected_path, existing)
+
+
+def delete_all_plan(ctx: PlanContext, base_uri: str) -> Plan[None]:
+    """Delete every entry of ``base_uri``: paginated key Query, then DeleteItem
+    per version (the IAM actions Lance already needs; BatchWriteItem would add one)."""
+    _check_base_uri(base_uri)
+    params = {
+        "TableName": ctx.table,
+        "KeyConditionExpression": "base_uri = :base_uri",
+        "ExpressionAttributeValues": {":base_uri": {"S": base_uri}},
+        "ProjectionExpression": "base_uri, version",
+        "ConsistentRead": True,
+    }
+    items = yield from _query_pages_plan(ctx, params)
+    for item in items:
+        key = {BASE_URI: item[BASE_URI], VERSION: item[VERSION]}
+        yield from call_plan(ctx, ApiCall("DeleteItem", {"TableName": ctx.table, "Key": key}))
+    return None
+
+
+def create_table_request(table: str) -> dict[str, Any]:
+    """CreateTable parameters for the Lance layout, on-demand billing."""
+    return {
+        "TableName": table,
+        "KeySchema": [
+            {"AttributeName": BASE_URI, "KeyType": "HASH"},
+            {"AttributeName": VERSION, "KeyType": "RANGE"},
+        ],
+        "AttributeDefinitions": [
+            {"AttributeName": BASE_URI, "AttributeType": "S"},
+            {"AttributeName": VERSION, "AttributeType": "N"},
+        ],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
+
+
+def create_table_plan(
+    ctx: PlanContext, *, wait: bool = True, timeout: float = 120.0
+) -> Plan[TableInfo]:
+    """Create the table if absent; wait until ACTIVE; validate its layout.
+
+    Safe when processes race: losing (ResourceInUseException) means someone
+    else created it, so we wait for ACTIVE and validate what they made. The
+    wait is bounded by ``timeout`` seconds of polling sleeps.
+    """
+    try:
+        yield from call_plan(ctx, ApiCall("CreateTable", create_table_request(ctx.table)))
+    except ExternalStoreError as exc:
+        if exc.code != "ResourceInUseException":
+            raise
+    slept, delay = 0.0, 0.05
+    while True:
+        try:
+            description = yield from describe_plan(ctx)
+        except TableNotFoundError:
+            # DescribeTable right after CreateTable can lag behind it.
+            description = {"TableStatus": "CREATING"}
+        status = str(description.get("TableStatus", "UNKNOWN"))
+        if status in ("ACTIVE", "UPDATING"):  # UPDATING tables serve requests
+            return check_table_description(description, ctx.target)
+        if status != "CREATING":
+            raise ExternalStoreError(
+                "dynamodb:DescribeTable",
+                ctx.target.resource,
+                f"table {ctx.table!r} is {status}, not ACTIVE; wait for it or pick another name",
+            )
+        if not wait:
+            if description.get("KeySchema"):
+                return check_table_description(description, ctx.target)
+            return TableInfo(ctx.table, description.get("TableArn"), status)
+        if slept >= timeout:
+            raise ExternalStoreError(
+                "dynamodb:DescribeTable",
+                ctx.target.resource,
+                f"table {ctx.table!r} still {status} after {timeout:.0f}s; wait longer (timeout=) and retry",
+            )
+        yield Sleep(delay)
+        slept += delay
+        delay = min(delay * 2, 1.0)
+
+
+# ============================================================================ sync driver
+
+
+def run_plan(client: Any, plan: Plan[T], sleep: Callable[[float], None] = time.sleep) -> T:
+    """Drive ``plan`` with a boto3 client: the only blocking I/O of the sync store."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = plan.throw(error) if error is not None else plan.send(value)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+        value, error = None, None
+        if isinstance(step, Sleep):
+            sleep(step.seconds)
+            continue
+        try:
+            value = getattr(client, METHODS[step.operation])(**step.params)
+        except (ClientError, BotoCoreError) as exc:
+            error = exc
+
+
+# ============================================================================ validation cache
+
+_VALIDATED: dict[tuple[str | None, str | None, str], TableInfo] = {}
+_VALIDATED_LOCK = threading.Lock()
+
+
+def validation_key(target: DynamoDBTarget) -> tuple[str | None, str | None, str]:
+    """Cache key of a validated table: (endpoint, region, table)."""
+    return (target.endpoint, target.region, target.table)
+
+
+def cached_validation(target: DynamoDBTarget) -> TableInfo | None:
+    """The cached TableInfo of ``target``, if validated in this process."""
+    with _VALIDATED_LOCK:
+        return _VALIDATED.get(validation_key(target))
+
+
+def remember_validation(target: DynamoDBTarget, info: TableInfo) -> None:
+    """Cache a successful validation (only ACTIVE tables, so a CREATING one is re-checked)."""
+    if info.status == "ACTIVE":
+        with _VALIDATED_LOCK:
+            _VALIDATED[validation_key(target)] = info
+
+
+def clear_validation_cache() -> None:
+    """Forget every validated table (tests; after re-creating a table)."""
+    with _VALIDATED_LOCK:
+        _VALIDATED.clear()
+
+
+def target_of(client: Any, table_name: str) -> DynamoDBTarget:
+    """The target of ``table_name`` as reached through ``client``."""
+    meta = getattr(client, "meta", None)
+    return DynamoDBTarget(
+        table=table_name,
+        region=getattr(meta, "region_name", None),
+        endpoint=getattr(meta, "endpoint_url", None),
+    )
+
+
+# ============================================================================ sync store
+
+
+def create_table(
+    client: Any,
+    name: str,
+    *,
+    wait: bool = True,
+    timeout: float = 120.0,
+    retry: RetryPolicy | None = None,
+) -> TableInfo:
+    """Create a Lance-layout manifest table (PAY_PER_REQUEST) if it does not exist.
+
+    Waits for ACTIVE and validates the layout; safe when several processes
+    race (the losers wait for the winner's table). Raises TableSchemaError if
+    a table of that name exists with another layout.
+    """
+    ctx = PlanContext(target_of(client, name), retry=retry or RetryPolicy())
+    info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
+    remember_validation(ctx.target, info)
+    return info
+
+
+class DynamoDBManifestStore(ExternalManifestStore):
+    """The external manifest store on a DynamoDB table (blocking, thread-safe).
+
+    ``client`` is a boto3 DynamoDB client (prefer :func:`make_client`, which
+    turns botocore's retries off so ours see every attempt). With ``validate``
+    the table's layout is checked once per (endpoint, region, table) per
+    process (DescribeTable; needs ``dynamodb:DescribeTable``). ``page_size``
+    bounds the items per Query page (None: DynamoDB's 1 MB pages).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        committer: str = DEFAULT_COMMITTER,
+        retry: RetryPolicy | None = None,
+        page_size: int | None = None,
+        validate: bool = True,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.client = client
+        self.table_name = table_name
+        self._ctx = PlanContext(
+            target_of(client, table_name),
+            retry=retry or RetryPolicy(),
+            committer=committer,
+            page_size=page_size,
+        )
+        self._sleep = sleep
+        self.table_info: TableInfo | None = None
+        if validate:
+            self.validate()
+
+    @classmethod
+    def from_config(
+        cls, table_name: str, config: DynamoDBConfig | None = None, **kwargs: Any
+    ) -> DynamoDBManifestStore:
+        """A store with its own client built from ``config`` (default: options from the environment)."""
+        config = config or DynamoDBConfig.from_options()
+        kwargs.setdefault("retry", config.retry)
+        kwargs.setdefault("committer", config.committer)
+        return cls(make_client(config), table_name, **kwargs)
+
+    @classmethod
+    def from_uri(
+        cls, uri: str, storage_options: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> DynamoDBManifestStore:
+        """The store named by ``s3+ddb://bucket/path?ddbTableName=T``, configured from
+        pylance-style ``storage_options`` (see :meth:`DynamoDBConfig.from_options`)."""
+        from lancetx.externalstore.uri import parse_ddb_uri
+
+        parsed = parse_ddb_uri(uri)
+        return cls.from_config(
+            parsed.table_name, DynamoDBConfig.from_options(storage_options), **kwargs
+        )
+
+    @property
+    def target(self) -> DynamoDBTarget:
+        """Table, region, endpoint and (after validation) ARN."""
+        return self._ctx.target
+
+    def _run(self, plan: Plan[T]) -> T:
+        return run_plan(self.client, plan, self._sleep)
+
+    def validate(self) -> TableInfo:
+        """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        info = cached_validation(self._ctx.target)
+        if info is None:
+            info = self._run(validate_plan(self._ctx))
+            remember_validation(self._ctx.target, info)
+        self.table_info = info
+        if info.arn:
+            self._ctx.target = replace(self._ctx.target, arn=info.arn)
+        return info
+
+    def get(self, base_uri: str, version: int) -> ManifestEntry:
+        return self._run(get_plan(self._ctx, base_uri, version))
+
+    def latest(self, base_uri: str) -> ManifestEntry | None:
+        return self._run(latest_plan(self._ctx, base_uri))
+
+    def put_if_not_exists(self, entry: ManifestEntry) -> None:
+        self._run(put_if_not_exists_plan(self._ctx, entry))
+
+    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
+        self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+
+    def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
+        return self._run(list_plan(self._ctx, base_uri, since))
+
+    def delete_all(self, base_uri: str) -> None:
+        self._run(delete_all_plan(self._ctx, base_uri))

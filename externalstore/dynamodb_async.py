@@ -1,0 +1,197 @@
+"""The asyncio DynamoDB manifest store, over aioboto3.
+
+A thin driver: every request is built, parsed, retried and resolved by the
+plans in :mod:`lancetx.externalstore.dynamodb`; :func:`run_plan_async` only
+awaits the client calls and the sleeps those plans ask for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any, TypeVar, cast
+
+from aiobotocore.config import AioConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.externalstore.base import AsyncExternalManifestStore, ManifestEntry
+from lancetx.externalstore.dynamodb import (
+    DEFAULT_COMMITTER,
+    METHODS,
+    DynamoDBConfig,
+    Plan,
+    PlanContext,
+    Sleep,
+    TableInfo,
+    cached_validation,
+    create_table_plan,
+    delete_all_plan,
+    get_plan,
+    latest_plan,
+    list_plan,
+    put_if_exists_plan,
+    put_if_not_exists_plan,
+    remember_validation,
+    target_of,
+    validate_plan,
+)
+from lancetx.externalstore.errors import DynamoDBTarget
+from lancetx.externalstore.retry import RetryPolicy
+
+__all__ = ["AsyncDynamoDBManifestStore", "create_table_async", "open_client", "run_plan_async"]
+
+T = TypeVar("T")
+
+
+async def run_plan_async(
+    client: Any, plan: Plan[T], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> T:
+    """Drive ``plan`` with an aiobotocore client: the only I/O of the async store."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = plan.throw(error) if error is not None else plan.send(value)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+        value, error = None, None
+        if isinstance(step, Sleep):
+            await sleep(step.seconds)
+            continue
+        try:
+            value = await getattr(client, METHODS[step.operation])(**step.params)
+        except (ClientError, BotoCoreError) as exc:
+            error = exc
+
+
+@asynccontextmanager
+async def open_client(config: DynamoDBConfig | None = None) -> AsyncIterator[Any]:
+    """An aiobotocore DynamoDB client for ``config`` (botocore retries off)."""
+    import aioboto3
+
+    config = config or DynamoDBConfig.from_options()
+    session = aioboto3.Session(profile_name=config.profile)
+    kwargs = config.client_kwargs(session.region_name, config_class=AioConfig)
+    async with session.client("dynamodb", **kwargs) as client:
+        yield client
+
+
+async def create_table_async(
+    client: Any,
+    name: str,
+    *,
+    wait: bool = True,
+    timeout: float = 120.0,
+    retry: RetryPolicy | None = None,
+) -> TableInfo:
+    """Async :func:`lancetx.externalstore.dynamodb.create_table`."""
+    ctx = PlanContext(target_of(client, name), retry=retry or RetryPolicy())
+    info = await run_plan_async(client, create_table_plan(ctx, wait=wait, timeout=timeout))
+    remember_validation(ctx.target, info)
+    return info
+
+
+class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
+    """The external manifest store on a DynamoDB table, for asyncio.
+
+    ``client`` is an entered aiobotocore DynamoDB client; the store does not
+    close it. Use :meth:`open` to get a store owning its client. The table's
+    layout is validated (once per process per table) by :meth:`validate`,
+    which :meth:`open` calls, or lazily before the first operation.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        committer: str = DEFAULT_COMMITTER,
+        retry: RetryPolicy | None = None,
+        page_size: int | None = None,
+        validate: bool = True,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.client = client
+        self.table_name = table_name
+        self._ctx = PlanContext(
+            target_of(client, table_name),
+            retry=retry or RetryPolicy(),
+            committer=committer,
+            page_size=page_size,
+        )
+        self._sleep = sleep
+        self._validate = validate
+        self.table_info: TableInfo | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, table_name: str, config: DynamoDBConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AsyncDynamoDBManifestStore]:
+        """``async with AsyncDynamoDBManifestStore.open("T", config) as store``: a
+        validated store with its own client, closed on exit."""
+        config = config or DynamoDBConfig.from_options()
+        kwargs.setdefault("retry", config.retry)
+        kwargs.setdefault("committer", config.committer)
+        async with open_client(config) as client:
+            store = cls(client, table_name, **kwargs)
+            if store._validate:
+                await store.validate()
+            yield store
+
+    @classmethod
+    @asynccontextmanager
+    async def open_uri(
+        cls, uri: str, storage_options: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> AsyncIterator[AsyncDynamoDBManifestStore]:
+        """The store named by ``s3+ddb://bucket/path?ddbTableName=T``."""
+        from lancetx.externalstore.uri import parse_ddb_uri
+
+        parsed = parse_ddb_uri(uri)
+        async with cls.open(
+            parsed.table_name, DynamoDBConfig.from_options(storage_options), **kwargs
+        ) as store:
+            yield store
+
+    @property
+    def target(self) -> DynamoDBTarget:
+        """Table, region, endpoint and (after validation) ARN."""
+        return self._ctx.target
+
+    async def _run(self, plan: Plan[T]) -> T:
+        if self._validate and self.table_info is None:
+            await self.validate()
+        return await run_plan_async(self.client, plan, self._sleep)
+
+    async def validate(self) -> TableInfo:
+        """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        info = cached_validation(self._ctx.target)
+        if info is None:
+            info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)
+            remember_validation(self._ctx.target, info)
+        self.table_info = info
+        if info.arn:
+            self._ctx.target = replace(self._ctx.target, arn=info.arn)
+        return info
+
+    async def get(self, base_uri: str, version: int) -> ManifestEntry:
+        return await self._run(get_plan(self._ctx, base_uri, version))
+
+    async def latest(self, base_uri: str) -> ManifestEntry | None:
+        return await self._run(latest_plan(self._ctx, base_uri))
+
+    async def put_if_not_exists(self, entry: ManifestEntry) -> None:
+        await self._run(put_if_not_exists_plan(self._ctx, entry))
+
+    async def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> None:
+        await self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+
+    async def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
+        return await self._run(list_plan(self._ctx, base_uri, since))
+
+    async def delete_all(self, base_uri: str) -> None:
+        await self._run(delete_all_plan(self._ctx, base_uri))

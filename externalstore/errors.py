@@ -1,0 +1,465 @@
+"""Errors of the external manifest stores, and the one translation from botocore.
+
+Every :class:`ExternalStoreError` names the AWS action (``dynamodb:PutItem``,
+the IAM action name), the resource (the table's ARN, or an ARN with ``*`` for
+the account while DescribeTable has not told us the account) and what to do.
+The tree::
+
+    LancetxError
+    ├── ExternalStoreError               action + resource + message
+    │   ├── TableNotFoundError           the table does not exist where we looked
+    │   ├── TableSchemaError             wrong key names or key types
+    │   ├── AccessDeniedError            IAM denies the action, or bad credentials
+    │   ├── ThrottledError               still throttled after our retries
+    │   ├── EndpointUnreachableError     could not connect (nothing was sent)
+    │   ├── ServiceUnavailableError      5xx / dropped connection after retries (reads, idempotent writes)
+    │   ├── InvalidRequestError          DynamoDB rejected the request (ValidationException…)
+    │   ├── EntryExistsError             put_if_not_exists lost: another writer holds the version
+    │   ├── EntryNotFoundError           no entry for (base_uri, version)
+    │   ├── EntryMismatchError           put_if_exists refused: the entry points elsewhere
+    │   └── AmbiguousWriteError          a write may or may not have landed
+    ├── InvalidUriError (also ValueError)     a malformed s3+ddb:// URI or table path
+    └── InvalidConfigError (also ValueError)  a malformed DynamoDB option
+
+:func:`translate_error` is the single mapping from botocore exceptions to this
+tree; the sync and async stores both use it (aiobotocore raises botocore's
+exception classes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotocoreConnectionError,
+)
+
+from lancetx.commit.errors import LancetxError
+from lancetx.externalstore.base import ManifestEntry
+
+__all__ = [
+    "ACCESS_CODES",
+    "THROTTLING_CODES",
+    "AccessDeniedError",
+    "AmbiguousWriteError",
+    "DynamoDBTarget",
+    "EndpointUnreachableError",
+    "EntryExistsError",
+    "EntryMismatchError",
+    "EntryNotFoundError",
+    "ExternalStoreError",
+    "InvalidConfigError",
+    "InvalidRequestError",
+    "InvalidUriError",
+    "ServiceUnavailableError",
+    "TableNotFoundError",
+    "TableSchemaError",
+    "ThrottledError",
+    "create_table_hint",
+    "error_code",
+    "http_status",
+    "translate_error",
+]
+
+#: Error codes meaning "not applied, try again later" (throttling and contention).
+THROTTLING_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "Throttling",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        # The item is part of an ongoing TransactWriteItems: rejected, not applied.
+        "TransactionConflictException",
+    }
+)
+
+#: Error codes meaning the caller is not allowed (IAM) or not authenticated.
+ACCESS_CODES = frozenset(
+    {
+        "AccessDeniedException",
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "MissingAuthenticationTokenException",
+        "ExpiredTokenException",
+        "IncompleteSignatureException",
+        "InvalidClientTokenId",
+    }
+)
+
+_CREDENTIAL_CODES = ACCESS_CODES - {"AccessDeniedException"}
+
+CONDITION_FAILED_CODE = "ConditionalCheckFailedException"
+
+
+# --------------------------------------------------------------------------- target
+
+
+@dataclass(frozen=True)
+class DynamoDBTarget:
+    """Where requests go, for messages: table, region, endpoint and (once
+    DescribeTable told us) the table's ARN."""
+
+    table: str
+    region: str | None = None
+    endpoint: str | None = None
+    arn: str | None = None
+
+    @property
+    def resource(self) -> str:
+        """The table's ARN; with ``*`` for the account until it is known, which
+        is still a valid IAM ``Resource``."""
+        if self.arn:
+            return self.arn
+        return f"arn:aws:dynamodb:{self.region or '*'}:*:table/{self.table}"
+
+    @property
+    def location(self) -> str:
+        """``region us-east-1, endpoint http://…`` (endpoint "AWS default" if unset)."""
+        return f"region {self.region or '(default)'}, endpoint {self.endpoint or 'AWS default'}"
+
+
+def create_table_hint(table: str, region: str | None = None, endpoint: str | None = None) -> str:
+    """How to create a correctly shaped table, for messages."""
+    where = (f" --region {region}" if region else "") + (
+        f" --endpoint-url {endpoint}" if endpoint else ""
+    )
+    return (
+        f"create it with lancetx.externalstore.dynamodb.create_table(client, {table!r}) or "
+        f"`aws dynamodb create-table --table-name {table} "
+        "--attribute-definitions AttributeName=base_uri,AttributeType=S "
+        "AttributeName=version,AttributeType=N "
+        "--key-schema AttributeName=base_uri,KeyType=HASH AttributeName=version,KeyType=RANGE "
+        f"--billing-mode PAY_PER_REQUEST{where}`"
+    )
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ExternalStoreError(LancetxError):
+    """A request to the external manifest store failed.
+
+    ``action`` is the IAM action (``dynamodb:PutItem``), ``resource`` the table
+    ARN (or store name); the message says what happened and what to do.
+    ``code`` is the service error code when there was one.
+    """
+
+    def __init__(
+        self, action: str, resource: str, message: str, *, code: str | None = None
+    ) -> None:
+        self.action = action
+        self.resource = resource
+        self.detail = message
+        self.code = code
+        super().__init__(f"{action} on {resource}: {message}")
+
+
+class TableNotFoundError(ExternalStoreError):
+    """The DynamoDB table does not exist in the region/endpoint we used."""
+
+    def __init__(self, action: str, resource: str, target: DynamoDBTarget) -> None:
+        self.table = target.table
+        hint = create_table_hint(target.table, target.region, target.endpoint)
+        super().__init__(
+            action,
+            resource,
+            f"DynamoDB table {target.table!r} does not exist ({target.location}); {hint}; "
+            "or, if it exists elsewhere, fix ddbTableName, dynamodb_region or dynamodb_endpoint",
+            code="ResourceNotFoundException",
+        )
+
+
+class TableSchemaError(ExternalStoreError):
+    """The table's key schema or key types are not HASH base_uri (S) + RANGE version (N)."""
+
+    def __init__(self, action: str, resource: str, table: str, found: str, problem: str) -> None:
+        self.table = table
+        self.found = found
+        self.problem = problem
+        super().__init__(
+            action,
+            resource,
+            f"DynamoDB table {table!r} cannot hold Lance manifest entries: {problem}. Found {found}; "
+            "required HASH key base_uri (type S) and RANGE key version (type N). Key schemas "
+            f"cannot be changed in place: use another table name and {create_table_hint('NEW_TABLE')}",
+        )
+
+
+class AccessDeniedError(ExternalStoreError):
+    """IAM denied the action, or the credentials were not accepted."""
+
+    def __init__(self, action: str, resource: str, code: str, detail: str) -> None:
+        if code in _CREDENTIAL_CODES or code in ("NoCredentialsError", "PartialCredentialsError"):
+            todo = (
+                "the credentials were not accepted or are missing: check aws_access_key_id_dynamodb / "
+                "aws_secret_access_key_dynamodb (or the S3 credentials they default to), the session "
+                "token's expiry, and that region and endpoint belong to the account"
+            )
+        else:
+            todo = f"grant IAM action {action} on {resource} to the caller"
+        super().__init__(action, resource, f"{code}: {detail}; {todo}", code=code)
+
+
+class ThrottledError(ExternalStoreError):
+    """Still throttled after every retry our policy allows. Nothing was written."""
+
+    def __init__(self, action: str, resource: str, code: str, attempts: int) -> None:
+        self.attempts = attempts
+        super().__init__(
+            action,
+            resource,
+            f"{code} on each of {attempts} attempts; the request was not applied. Retry later, raise "
+            "dynamodb_max_attempts, or give the table more capacity (PAY_PER_REQUEST billing, or "
+            "higher provisioned read/write capacity)",
+            code=code,
+        )
+
+
+class EndpointUnreachableError(ExternalStoreError):
+    """No connection to the endpoint could be made; nothing was sent."""
+
+    def __init__(
+        self, action: str, resource: str, endpoint: str | None, detail: str, attempts: int
+    ) -> None:
+        self.endpoint = endpoint
+        self.attempts = attempts
+        super().__init__(
+            action,
+            resource,
+            f"cannot connect to DynamoDB endpoint {endpoint or '(AWS default for the region)'} "
+            f"after {attempts} attempt(s): {detail}. Set the storage option dynamodb_endpoint "
+            "(or env DYNAMODB_ENDPOINT / AWS_ENDPOINT_URL_DYNAMODB) and dynamodb_region to where "
+            "the table lives, and check the network path",
+        )
+
+
+class ServiceUnavailableError(ExternalStoreError):
+    """5xx or a dropped connection persisted through our retries (a read or an
+    idempotent write, so the outcome is not in doubt)."""
+
+    def __init__(
+        self, action: str, resource: str, detail: str, attempts: int, code: str | None = None
+    ) -> None:
+        self.attempts = attempts
+        super().__init__(
+            action,
+            resource,
+            f"DynamoDB did not answer successfully in {attempts} attempt(s): {detail}; retry later",
+            code=code,
+        )
+
+
+class InvalidRequestError(ExternalStoreError):
+    """DynamoDB rejected the request itself (ValidationException and the like)."""
+
+    def __init__(self, action: str, resource: str, code: str, detail: str) -> None:
+        super().__init__(
+            action,
+            resource,
+            f"{code}: {detail}; the request was not applied. If a key type is wrong the table "
+            "does not have the Lance layout (HASH base_uri S, RANGE version N)",
+            code=code,
+        )
+
+
+class EntryExistsError(ExternalStoreError):
+    """``put_if_not_exists`` lost: another writer holds the version.
+
+    ``existing`` is the winner's entry when the store returned it (DynamoDB's
+    ``ReturnValuesOnConditionCheckFailure=ALL_OLD``), else None.
+    """
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        base_uri: str,
+        version: int,
+        existing: ManifestEntry | None,
+    ) -> None:
+        self.base_uri = base_uri
+        self.version = version
+        self.existing = existing
+        holder = (
+            f" (path {existing.path!r}, committer {existing.committer!r})"
+            if existing is not None
+            else ""
+        )
+        super().__init__(
+            action,
+            resource,
+            f"version {version} of {base_uri!r} is already claimed by another writer{holder}; "
+            "load the newer version and retry the transaction on top of it",
+            code=CONDITION_FAILED_CODE,
+        )
+
+
+class EntryNotFoundError(ExternalStoreError):
+    """There is no entry for ``(base_uri, version)``."""
+
+    def __init__(self, action: str, resource: str, base_uri: str, version: int) -> None:
+        self.base_uri = base_uri
+        self.version = version
+        super().__init__(
+            action,
+            resource,
+            f"no entry for version {version} of {base_uri!r}; the version was never committed "
+            "through this table (or the table was written without it: open it from the object "
+            "store to onboard it)",
+        )
+
+
+class EntryMismatchError(ExternalStoreError):
+    """``put_if_exists`` refused: the entry no longer points at ``expected_path``."""
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        entry: ManifestEntry,
+        expected_path: str | None,
+        existing: ManifestEntry | None,
+    ) -> None:
+        self.entry = entry
+        self.expected_path = expected_path
+        self.existing = existing
+        found = existing.path if existing is not None else "(unknown)"
+        super().__init__(
+            action,
+            resource,
+            f"refused to point version {entry.version} of {entry.base_uri!r} at {entry.path!r}: "
+            f"it points at {found!r}, not the expected {expected_path!r}, so it belongs to another "
+            "commit; re-read the entry and finalize what it points at instead",
+            code=CONDITION_FAILED_CODE,
+        )
+
+
+class AmbiguousWriteError(ExternalStoreError):
+    """A write whose outcome is unknown: it may have landed (a timeout or
+    dropped connection after sending, a 5xx) and retries could not settle it.
+
+    ``entry`` is what we tried to write; ``existing`` what a later attempt found
+    at the key, if anything. The staged manifest must be kept: it may be the
+    committed version.
+    """
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        entry: ManifestEntry,
+        detail: str,
+        existing: ManifestEntry | None = None,
+    ) -> None:
+        self.entry = entry
+        self.existing = existing
+        found = (
+            f"; the key now holds path {existing.path!r} without a commit token" if existing else ""
+        )
+        super().__init__(
+            action,
+            resource,
+            f"outcome of writing version {entry.version} of {entry.base_uri!r} (path {entry.path!r}, "
+            f"commit_token {entry.commit_token}) is unknown: {detail}{found}. Do not delete the "
+            "staged manifest; re-read the entry and, if it does not carry this commit token, "
+            "compare the committed manifest's transaction with ours before retrying",
+        )
+
+
+class InvalidUriError(LancetxError, ValueError):
+    """A URI or table path that cannot be used (see :mod:`lancetx.externalstore.uri`)."""
+
+    def __init__(self, uri: str, problem: str) -> None:
+        self.uri = uri
+        self.problem = problem
+        super().__init__(f"invalid table URI {uri!r}: {problem}")
+
+
+class InvalidConfigError(LancetxError, ValueError):
+    """A DynamoDB option has a value we cannot use."""
+
+    def __init__(self, key: str, value: object, problem: str) -> None:
+        self.key = key
+        self.value = value
+        super().__init__(f"invalid DynamoDB option {key}={value!r}: {problem}")
+
+
+# ---------------------------------------------------------------------- translation
+
+
+def error_code(exc: BaseException) -> str:
+    """The service error code of a ClientError, else the exception's class name."""
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code") or "Unknown")
+    return type(exc).__name__
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a ClientError, else None."""
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        message = exc.response.get("Error", {}).get("Message") or str(exc)
+        return f"{error_code(exc)} (HTTP {http_status(exc)}): {message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def translate_error(
+    exc: BaseException,
+    target: DynamoDBTarget,
+    operation: str,
+    *,
+    attempts: int = 1,
+    ambiguous_entry: ManifestEntry | None = None,
+) -> ExternalStoreError:
+    """Map a botocore exception from ``operation`` (``PutItem``) to our tree.
+
+    ``attempts`` is how many attempts were made. ``ambiguous_entry`` is set by
+    a write that had at least one attempt which may have landed: whatever the
+    last error, the result is then an :class:`AmbiguousWriteError`.
+    """
+    action = f"dynamodb:{operation}"
+    resource = target.resource
+    if ambiguous_entry is not None:
+        return AmbiguousWriteError(
+            action, resource, ambiguous_entry, f"{attempts} attempt(s), last {_describe(exc)}"
+        )
+    code = error_code(exc)
+    if isinstance(exc, ClientError):
+        status = http_status(exc) or 0
+        detail = exc.response.get("Error", {}).get("Message") or str(exc)
+        if code == "ResourceNotFoundException":
+            return TableNotFoundError(action, resource, target)
+        if code in ACCESS_CODES:
+            return AccessDeniedError(action, resource, code, detail)
+        if code in THROTTLING_CODES:
+            return ThrottledError(action, resource, code, attempts)
+        if status >= 500:
+            return ServiceUnavailableError(action, resource, _describe(exc), attempts, code)
+        if 400 <= status < 500:
+            return InvalidRequestError(action, resource, code, detail)
+        return ExternalStoreError(action, resource, _describe(exc), code=code)
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return AccessDeniedError(action, resource, code, str(exc))
+    if isinstance(exc, BotocoreConnectionError):
+        return EndpointUnreachableError(action, resource, target.endpoint, str(exc), attempts)
+    if isinstance(exc, HTTPClientError):  # ReadTimeoutError, ConnectionClosedError
+        return ServiceUnavailableError(action, resource, _describe(exc), attempts)
+    if isinstance(exc, BotoCoreError):
+        return ExternalStoreError(
+            action, resource, f"{_describe(exc)}; check the DynamoDB configuration"
+        )
+    return ExternalStoreError(action, resource, _describe(exc))

@@ -1,0 +1,248 @@
+"""An in-memory external manifest store with fault injection.
+
+Same semantics as the DynamoDB store (conditional writes atomic under one
+lock, the same ownership resolution, the same errors), for fast unit tests and
+the fault-injection harness:
+
+* ``fail_next(op, error)``: the next call of ``op`` raises ``error`` without
+  touching the state (a request that never arrived).
+* ``land_then_fail(op)``: the next call of ``op`` applies its write, then
+  raises :class:`AmbiguousWriteError` (the write landed, the caller cannot
+  know: a timeout after sending).
+* ``on_call(op, hook)``: run ``hook(store)`` just before each ``op`` takes
+  effect, to interleave another actor deterministically.
+
+``op`` is a method name: ``get``, ``latest``, ``put_if_not_exists``,
+``put_if_exists``, ``list_entries``, ``delete_all``. ``calls`` counts them.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lancetx.externalstore.base import (
+    AsyncExternalManifestStore,
+    ExternalManifestStore,
+    ManifestEntry,
+    Ownership,
+    ownership_of,
+    pointer_flip_done,
+)
+from lancetx.externalstore.errors import (
+    AmbiguousWriteError,
+    EntryExistsError,
+    EntryMismatchError,
+    EntryNotFoundError,
+)
+
+__all__ = ["OPERATIONS", "AsyncMemoryManifestStore", "MemoryManifestStore"]
+
+OPERATIONS = frozenset(
+    {"get", "latest", "put_if_not_exists", "put_if_exists", "list_entries", "delete_all"}
+)
+_WRITES = frozenset({"put_if_not_exists", "put_if_exists", "delete_all"})
+_ACTIONS = {
+    "get": "GetItem",
+    "latest": "Query",
+    "put_if_not_exists": "PutItem",
+    "put_if_exists": "PutItem",
+    "list_entries": "Query",
+    "delete_all": "DeleteItem",
+}
+
+
+@dataclass
+class _Fault:
+    error: BaseException | None  # None: land, then raise AmbiguousWriteError
+    remaining: int
+
+
+class MemoryManifestStore(ExternalManifestStore):
+    """A thread-safe in-memory external manifest store (``name`` appears in errors)."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = name
+        self._lock = threading.RLock()
+        self._tables: dict[str, dict[int, ManifestEntry]] = {}
+        self._faults: dict[str, collections.deque[_Fault]] = collections.defaultdict(
+            collections.deque
+        )
+        self._hooks: dict[str, list[Callable[[MemoryManifestStore], None]]] = (
+            collections.defaultdict(list)
+        )
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_next(self, op: str, error: BaseException, *, times: int = 1) -> None:
+        """The next ``times`` calls of ``op`` raise ``error`` and change nothing."""
+        self._check_op(op)
+        with self._lock:
+            self._faults[op].append(_Fault(error, times))
+
+    def land_then_fail(self, op: str, *, times: int = 1) -> None:
+        """The next ``times`` calls of write ``op`` take effect, then raise AmbiguousWriteError."""
+        self._check_op(op)
+        if op not in _WRITES:
+            raise ValueError(f"land_then_fail needs a write operation, not {op!r}")
+        with self._lock:
+            self._faults[op].append(_Fault(None, times))
+
+    def on_call(self, op: str, hook: Callable[[MemoryManifestStore], None]) -> None:
+        """Run ``hook(self)`` at the start of every ``op`` call (outside the
+        condition check, so the hook can act as a concurrent writer)."""
+        self._check_op(op)
+        with self._lock:
+            self._hooks[op].append(hook)
+
+    def clear_faults(self) -> None:
+        """Remove pending faults and hooks."""
+        with self._lock:
+            self._faults.clear()
+            self._hooks.clear()
+
+    @staticmethod
+    def _check_op(op: str) -> None:
+        if op not in OPERATIONS:
+            raise ValueError(f"unknown operation {op!r}; one of {sorted(OPERATIONS)}")
+
+    def _begin(self, op: str) -> _Fault | None:
+        """Count the call, run hooks, and pop the fault for this call (if any)."""
+        with self._lock:
+            self.calls[op] += 1
+            hooks = list(self._hooks.get(op, ()))
+        for hook in hooks:
+            hook(self)
+        with self._lock:
+            queue = self._faults.get(op)
+            if not queue:
+                return None
+            fault = queue[0]
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                queue.popleft()
+        if fault.error is not None:
+            raise fault.error
+        return fault
+
+    def _resource(self) -> str:
+        return f"memory:{self.name}"
+
+    def _action(self, op: str) -> str:
+        return f"dynamodb:{_ACTIONS[op]}"
+
+    # ------------------------------------------------------------------ inspection
+
+    def entries(self) -> list[ManifestEntry]:
+        """Every entry of every table, sorted by (base_uri, version)."""
+        with self._lock:
+            return [e for _, rows in sorted(self._tables.items()) for _, e in sorted(rows.items())]
+
+    # ------------------------------------------------------------------ interface
+
+    def get(self, base_uri: str, version: int) -> ManifestEntry:
+        self._begin("get")
+        with self._lock:
+            entry = self._tables.get(base_uri, {}).get(version)
+        if entry is None:
+            raise EntryNotFoundError(self._action("get"), self._resource(), base_uri, version)
+        return entry
+
+    def latest(self, base_uri: str) -> ManifestEntry | None:
+        self._begin("latest")
+        with self._lock:
+            rows = self._tables.get(base_uri)
+            return rows[max(rows)] if rows else None
+
+    def put_if_not_exists(self, entry: ManifestEntry) -> None:
+        fault = self._begin("put_if_not_exists")
+        action = self._action("put_if_not_exists")
+        with self._lock:
+            rows = self._tables.setdefault(entry.base_uri, {})
+            existing = rows.get(entry.version)
+            if existing is None:
+                rows[entry.version] = entry
+        if existing is not None:
+            if ownership_of(existing, entry) is Ownership.MINE:
+                return
+            raise EntryExistsError(
+                action, self._resource(), entry.base_uri, entry.version, existing
+            )
+        if fault is not None:
+            raise AmbiguousWriteError(
+                action, self._resource(), entry, "injected: landed, then the answer was lost"
+            )
+
+    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
+        fault = self._begin("put_if_exists")
+        action = self._action("put_if_exists")
+        with self._lock:
+            rows = self._tables.get(entry.base_uri, {})
+            existing = rows.get(entry.version)
+            applied = existing is not None and (
+                expected_path is None or existing.path == expected_path
+            )
+            if applied:
+                rows[entry.version] = entry
+        if existing is None:
+            raise EntryNotFoundError(action, self._resource(), entry.base_uri, entry.version)
+        if not applied:
+            if pointer_flip_done(existing, entry):
+                return
+            raise EntryMismatchError(action, self._resource(), entry, expected_path, existing)
+        if fault is not None:
+            raise AmbiguousWriteError(
+                action, self._resource(), entry, "injected: landed, then the answer was lost"
+            )
+
+    def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
+        self._begin("list_entries")
+        with self._lock:
+            rows = self._tables.get(base_uri, {})
+            return [rows[v] for v in sorted(rows) if v > since]
+
+    def delete_all(self, base_uri: str) -> None:
+        fault = self._begin("delete_all")
+        with self._lock:
+            self._tables.pop(base_uri, None)
+        if fault is not None:
+            raise AmbiguousWriteError(
+                self._action("delete_all"),
+                self._resource(),
+                ManifestEntry(base_uri, 0, "(all versions)"),
+                "injected: landed, then the answer was lost",
+            )
+
+    def as_async(self) -> AsyncMemoryManifestStore:
+        """An asyncio view sharing this store's state and faults."""
+        return AsyncMemoryManifestStore(self)
+
+
+class AsyncMemoryManifestStore(AsyncExternalManifestStore):
+    """The asyncio face of a :class:`MemoryManifestStore` (same state, same faults)."""
+
+    def __init__(self, store: MemoryManifestStore | None = None) -> None:
+        self.store = store or MemoryManifestStore()
+
+    async def get(self, base_uri: str, version: int) -> ManifestEntry:
+        return self.store.get(base_uri, version)
+
+    async def latest(self, base_uri: str) -> ManifestEntry | None:
+        return self.store.latest(base_uri)
+
+    async def put_if_not_exists(self, entry: ManifestEntry) -> None:
+        self.store.put_if_not_exists(entry)
+
+    async def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> None:
+        self.store.put_if_exists(entry, expected_path=expected_path)
+
+    async def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
+        return self.store.list_entries(base_uri, since)
+
+    async def delete_all(self, base_uri: str) -> None:
+        self.store.delete_all(base_uri)
