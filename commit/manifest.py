@@ -75,15 +75,11 @@ FEATURE_FLAG_NAMES: Mapping[int, str] = {
 #: path are refused at use, see :mod:`lancetx.commit.deletion`.)
 READER_FLAGS: Mapping[int, str] = dict(FEATURE_FLAG_NAMES)
 
-#: Writer flags lancetx can honour when committing. Stable row ids (2) need the
-#: writer to assign row-id sequences and ``next_row_id``; base paths (16) need
-#: multi-base path resolution. Neither is implemented, so committing to such a
-#: table is refused rather than silently corrupting it.
-WRITER_FLAGS: Mapping[int, str] = {
-    bit: name
-    for bit, name in FEATURE_FLAG_NAMES.items()
-    if bit not in (FLAG_STABLE_ROW_IDS, FLAG_BASE_PATHS)
-}
+#: Writer flags lancetx can honour when committing: the manifest builder
+#: assigns row-id sequences and ``next_row_id`` for stable row ids (2) and
+#: carries base paths (16); a flag outside this set refuses the commit rather
+#: than risk writing a manifest Lance would misread.
+WRITER_FLAGS: Mapping[int, str] = dict(FEATURE_FLAG_NAMES)
 
 
 def _flag_names(bits: int) -> list[str]:

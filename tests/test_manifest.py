@@ -457,15 +457,16 @@ def test_unknown_reader_flag_is_refused_naming_file_and_flag(
 def test_flag_tables() -> None:
     # Lance's known flags (feature_flags.rs) are 1..32; bits from 64 up are unknown to it.
     assert set(READER_FLAGS) == {1, 2, 4, 8, 16, 32}
-    assert set(WRITER_FLAGS) == {1, 4, 8, 32}
+    # The builder assigns row ids and carries base paths, so every known flag is writable.
+    assert set(WRITER_FLAGS) == {1, 2, 4, 8, 16, 32}
     manifest = table_pb2.Manifest(
         reader_feature_flags=FLAG_DELETION_FILES | FLAG_STABLE_ROW_IDS | FLAG_BASE_PATHS,
-        writer_feature_flags=FLAG_DELETION_FILES | FLAG_STABLE_ROW_IDS,
+        writer_feature_flags=FLAG_DELETION_FILES | FLAG_STABLE_ROW_IDS | (1 << 40),
     )
     check_reader_flags(manifest, "p")
-    with pytest.raises(UnsupportedFeatureError, match="stable_row_ids") as info:
+    with pytest.raises(UnsupportedFeatureError, match="1<<40") as info:
         check_writer_flags(manifest, "p")
-    assert info.value.role == "writer" and info.value.flags == FLAG_STABLE_ROW_IDS
+    assert info.value.role == "writer" and info.value.flags == 1 << 40
     with pytest.raises(UnsupportedFeatureError, match="unknown flag 1<<6"):
         check_reader_flags(table_pb2.Manifest(reader_feature_flags=64), "p")
 
