@@ -57,7 +57,9 @@ class ConditionalPutCommitHandler(CommitHandler):
         """Versions after ``since``, by listing ``_versions/``."""
         return [loc for loc in list_manifest_locations(self.store, base) if loc.version > since]
 
-    def commit(self, base: str, version: int, manifest: bytes, scheme: NamingScheme) -> ManifestLocation:
+    def commit(
+        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+    ) -> ManifestLocation:
         """Create the final manifest of ``version`` if absent."""
         key = manifest_key(base, version, scheme)
         try:

@@ -87,7 +87,9 @@ class CommitHandler(abc.ABC):
         """Committed versions greater than ``since``, ascending."""
 
     @abc.abstractmethod
-    def commit(self, base: str, version: int, manifest: bytes, scheme: NamingScheme) -> ManifestLocation:
+    def commit(
+        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+    ) -> ManifestLocation:
         """Make ``manifest`` (already encoding ``version``) the manifest of
         ``version``, atomically. Raises VersionAlreadyExistsError if another
         writer holds ``version``; CommitStateUnknownError if that cannot be told."""

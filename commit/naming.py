@@ -109,7 +109,9 @@ def manifest_key(base: str, version: int, scheme: NamingScheme) -> str:
     return join(base, VERSIONS_DIR, scheme.file_name(version))
 
 
-def staged_manifest_key(base: str, version: int, scheme: NamingScheme, uuid: str | None = None) -> str:
+def staged_manifest_key(
+    base: str, version: int, scheme: NamingScheme, uuid: str | None = None
+) -> str:
     """Object key of a staged manifest: the final key plus ``-{uuid4}``."""
     token = uuid if uuid is not None else str(uuidlib.uuid4())
     return f"{manifest_key(base, version, scheme)}-{token}"
@@ -125,7 +127,9 @@ def transaction_key(base: str, file_name: str) -> str:
     return join(base, TRANSACTIONS_DIR, file_name)
 
 
-def deletion_file_key(base: str, fragment_id: int, read_version: int, file_id: int, bitmap: bool) -> str:
+def deletion_file_key(
+    base: str, fragment_id: int, read_version: int, file_id: int, bitmap: bool
+) -> str:
     """Object key of a deletion file: ``_deletions/{fragment}-{read_version}-{id}.arrow|.bin``."""
     ext = "bin" if bitmap else "arrow"
     return join(base, DELETIONS_DIR, f"{fragment_id}-{read_version}-{file_id}.{ext}")

@@ -44,9 +44,14 @@ def rebase_transaction(
     *,
     read_fragments: Mapping[int, DataFragment],
     latest: table_pb2.Manifest,
+    committed_operations: Mapping[int | None, str] | None = None,
 ) -> Transaction:
-    """``ours`` rebased onto ``latest``; raises RetryableConflictError when it cannot be."""
+    """``ours`` rebased onto ``latest``; raises RetryableConflictError when it cannot be.
+
+    ``committed_operations`` names the operation committed at each version, for
+    the error's ``conflicts`` (``(version, operation, reason)``)."""
     uri = store.uri(base)
+    names = committed_operations or {}
     unsupported = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
     if unsupported:
         kinds = ", ".join(sorted({n.kind.value for n in unsupported}))
@@ -58,7 +63,7 @@ def rebase_transaction(
             [
                 (
                     n.committed_version,
-                    n.kind.value,
+                    names.get(n.committed_version, n.kind.value),
                     f"lancetx cannot yet rebase by '{kinds}'; re-read the table and retry",
                 )
                 for n in unsupported
@@ -70,7 +75,15 @@ def rebase_transaction(
         return dataclasses.replace(ours, read_version=latest.version)
     latest_by_id = {f.id: f for f in latest.fragments}
     try:
-        updated, emptied = _merge(store, base, op.updated_fragments, fragment_ids, read_fragments, latest_by_id, latest.version)
+        updated, emptied = _merge(
+            store,
+            base,
+            op.updated_fragments,
+            fragment_ids,
+            read_fragments,
+            latest_by_id,
+            latest.version,
+        )
     except _Overlap as overlap:
         versions = [n.committed_version for n in needed]
         raise RetryableConflictError(
@@ -78,16 +91,20 @@ def rebase_transaction(
             ours.uuid,
             op.name,
             ours.read_version,
-            [(v, "Delete/Update", overlap.reason) for v in versions],
+            [(v, names.get(v, "Delete/Update"), overlap.reason) for v in versions],
         ) from None
     new_op: Delete | Update
     if isinstance(op, Delete):
         new_op = dataclasses.replace(
-            op, updated_fragments=updated, deleted_fragment_ids=tuple(op.deleted_fragment_ids) + emptied
+            op,
+            updated_fragments=updated,
+            deleted_fragment_ids=tuple(op.deleted_fragment_ids) + emptied,
         )
     else:
         new_op = dataclasses.replace(
-            op, updated_fragments=updated, removed_fragment_ids=tuple(op.removed_fragment_ids) + emptied
+            op,
+            updated_fragments=updated,
+            removed_fragment_ids=tuple(op.removed_fragment_ids) + emptied,
         )
     return dataclasses.replace(ours, operation=new_op, read_version=latest.version)
 

@@ -49,7 +49,9 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
     if uri.lower().startswith("s3+ddb://"):
         parsed = parse_ddb_uri(uri)
         store, base = open_object_store(parsed.s3_uri, options, legacy=True)
-        entries = DynamoDBManifestStore.from_config(parsed.table_name, DynamoDBConfig.from_options(options))
+        entries = DynamoDBManifestStore.from_config(
+            parsed.table_name, DynamoDBConfig.from_options(options)
+        )
         handler: CommitHandler = ExternalStoreCommitHandler(store, entries)
         return TableConnection(uri, handler, parsed.base_key, parsed.s3_uri, options)
     store, base = open_object_store(uri, options)

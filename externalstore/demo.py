@@ -64,13 +64,17 @@ def batch(writer: str, seq: int, rows: int) -> pa.Table:
     )
 
 
-def lancetx_append(conn: TableConnection, data: pa.Table, parent: Parent | Committed | None) -> Committed:
+def lancetx_append(
+    conn: TableConnection, data: pa.Table, parent: Parent | Committed | None
+) -> Committed:
     """Write data files with pylance, commit the Append with lancetx."""
     if parent is None:
         parent = load_parent(conn.handler, conn.base)
         if parent is None:
             raise RuntimeError(f"table {conn.uri} does not exist")
-    fragments = lance.fragment.write_fragments(data, conn.data_uri, storage_options=conn.storage_options)
+    fragments = lance.fragment.write_fragments(
+        data, conn.data_uri, storage_options=conn.storage_options
+    )
     txn = Transaction(
         read_version=parent.version,
         operation=Append(fragments=tuple(fragment_from_pylance(f) for f in fragments)),
@@ -86,7 +90,9 @@ def lancetx_writer(conn: TableConnection, name: str, appends: int, rows: int, ta
         tally.add(name, rows)
 
 
-def pylance_writer(uri: str, options: dict[str, str], name: str, appends: int, rows: int, tally: Tally) -> None:
+def pylance_writer(
+    uri: str, options: dict[str, str], name: str, appends: int, rows: int, tally: Tally
+) -> None:
     for seq in range(appends):
         lance.write_dataset(batch(name, seq, rows), uri, mode="append", storage_options=options)
         tally.add(name, rows)
@@ -94,8 +100,12 @@ def pylance_writer(uri: str, options: dict[str, str], name: str, appends: int, r
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--lancetx-writers", type=int, default=4, help="concurrent lancetx writer threads")
-    parser.add_argument("--pylance-writers", type=int, default=1, help="concurrent pylance writer threads")
+    parser.add_argument(
+        "--lancetx-writers", type=int, default=4, help="concurrent lancetx writer threads"
+    )
+    parser.add_argument(
+        "--pylance-writers", type=int, default=1, help="concurrent pylance writer threads"
+    )
     parser.add_argument("--appends", type=int, default=5, help="appends per writer")
     parser.add_argument("--rows", type=int, default=100, help="rows per append")
     args = parser.parse_args(argv)
@@ -114,10 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         conn = connect(uri, options)
 
         threads = [
-            threading.Thread(target=lancetx_writer, args=(conn, f"lancetx-{i}", args.appends, args.rows, tally))
+            threading.Thread(
+                target=lancetx_writer, args=(conn, f"lancetx-{i}", args.appends, args.rows, tally)
+            )
             for i in range(args.lancetx_writers)
         ] + [
-            threading.Thread(target=pylance_writer, args=(uri, options, f"pylance-{i}", args.appends, args.rows, tally))
+            threading.Thread(
+                target=pylance_writer,
+                args=(uri, options, f"pylance-{i}", args.appends, args.rows, tally),
+            )
             for i in range(args.pylance_writers)
         ]
         started = time.perf_counter()
@@ -147,8 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         expected_rows = sum(tally.rows.values())
         linear = versions == list(range(1, commits + 1))
         complete = ds.count_rows() == expected_rows
-        print(f"pylance sees versions 1..{max(versions)}: {'linear, no gap' if linear else versions}")
-        print(f"pylance counts {ds.count_rows()} rows; acknowledged {expected_rows}: {'all present' if complete else 'LOST ROWS'}")
+        print(
+            f"pylance sees versions 1..{max(versions)}: {'linear, no gap' if linear else versions}"
+        )
+        print(
+            f"pylance counts {ds.count_rows()} rows; acknowledged {expected_rows}: {'all present' if complete else 'LOST ROWS'}"
+        )
 
         print("\nversion  operation  committed by  rows")
         for location in conn.handler.list_versions(conn.base, 0):

@@ -71,7 +71,9 @@ class _LockedApp:
         self.legacy_s3 = legacy_s3
         self.interceptor: Interceptor | None = None
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         service = "dynamodb" if target.startswith("DynamoDB") else "s3"
         if service == "s3" and self.legacy_s3:
@@ -88,7 +90,11 @@ class _LockedApp:
                 method=environ.get("REQUEST_METHOD", ""),
                 path=environ.get("PATH_INFO", ""),
                 query=environ.get("QUERY_STRING", ""),
-                headers={k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items() if k.startswith("HTTP_")},
+                headers={
+                    k[5:].replace("_", "-").lower(): str(v)
+                    for k, v in environ.items()
+                    if k.startswith("HTTP_")
+                },
                 body=body,
                 target=target.split(".", 1)[-1] if target else "",
             )
@@ -148,13 +154,18 @@ class EmbeddedAws:
             raise RuntimeError(
                 "the embedded AWS server needs moto: pip install 'lancetx[embedded]'"
             ) from exc
+
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc,valid-type]
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 pass
 
         self._app = _LockedApp(DomainDispatcherApplication(create_backend_app), self._legacy_s3)
-        self._server = make_server("127.0.0.1", self._port, self._app, threaded=True, request_handler=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="embedded-aws", daemon=True)
+        self._server = make_server(
+            "127.0.0.1", self._port, self._app, threaded=True, request_handler=_QuietHandler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="embedded-aws", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -172,7 +183,10 @@ class EmbeddedAws:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -248,4 +262,3 @@ __all__ = [
     "Interceptor",
     "fake_credentials_environ",
 ]
-
