@@ -1,0 +1,616 @@
+"""Concurrent appends through ``s3+ddb://`` on a legacy S3: throughput, latency, retries, correctness.
+
+One embedded moto server whose S3 silently ignores ``If-None-Match`` (the kind
+of store lancetx exists for) serves every run. For each system and each writer
+count N, a fresh table is created by pylance (one batch, version 1); then N
+writers — one process each by default (``--mode threads``: one thread each) —
+set up (connect, warm caches), are released together, and each append K batches:
+
+* ``lancetx``       — ``lancetx_append`` from the demo (pylance writes the data
+  files, lancetx commits); each writer keeps its last ``Committed`` as the
+  parent of its next append (no read before committing);
+* ``lancetx-fresh`` — the same, but each append re-resolves the latest version
+  first (``parent=None``: one Query + one GET), as pylance does;
+* ``pylance``       — ``lance.write_dataset(mode="append")`` on ``s3+ddb://``.
+
+Per run: commits/s (acknowledged appends / wall time), p50/p99 append latency,
+retries per commit (every system: conditional PutItems the server saw, minus
+commits, per commit — lost claims of failed appends included; lancetx also
+from ``Committed.attempts - 1``), requests per commit (by operation),
+and correctness checked with pylance: versions 1..N+1 with no gap, every
+acknowledged (writer, seq) batch present exactly once.
+
+Then the data-loss anchor: pylance plain ``s3://`` writers on the same legacy
+store (conditional PUT ignored), acknowledged vs present appends.
+
+Run: ``python benchmarks/contention.py [--writers 1,4,8] [--appends 5] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import lance
+from _harness import (
+    Bench,
+    Request,
+    ServerCounter,
+    Stopwatch,
+    counting,
+    environment,
+    fmt,
+    install_data_phase_timer,
+    last_data_seconds,
+    markdown_table,
+    operations_in,
+    percentile,
+    start_bench,
+    unique_name,
+    write_json,
+)
+
+from lancetx.commit.committer import Committed, Parent
+from lancetx.externalstore.connect import TableConnection, connect
+from lancetx.externalstore.demo import batch, lancetx_append
+from lancetx.externalstore.embedded import EmbeddedAws
+
+SYSTEMS: tuple[str, ...] = ("lancetx", "lancetx-fresh", "pylance")
+
+
+@dataclass
+class Append:
+    """One append attempt as a writer saw it."""
+
+    writer: str
+    seq: int
+    seconds: float
+    ok: bool
+    error: str = ""
+    #: lancetx only.
+    attempts: int | None = None
+    data_seconds: float | None = None
+
+
+@dataclass
+class Run:
+    """One (system, writers) run."""
+
+    system: str
+    writers: int
+    appends_per_writer: int
+    rows: int
+    wall_seconds: float = 0.0
+    appends: list[Append] = field(default_factory=list)
+    claims: int = 0
+    requests: int = 0
+    #: Requests the server saw during the run, by operation.
+    operations: Counter[str] = field(default_factory=Counter)
+    versions: list[int] = field(default_factory=list)
+    present: Counter[tuple[str, int]] = field(default_factory=Counter)
+    row_count: int = 0
+    expected_rows: int = 0
+
+    @property
+    def committed(self) -> list[Append]:
+        return [a for a in self.appends if a.ok]
+
+    @property
+    def failed(self) -> list[Append]:
+        return [a for a in self.appends if not a.ok]
+
+    def latencies_ms(self) -> list[float]:
+        return [a.seconds * 1000 for a in self.committed]
+
+    def retries_per_commit(self) -> float:
+        """From the server: conditional PutItems (claims) minus commits, per commit."""
+        commits = len(self.committed)
+        return (self.claims - commits) / commits if commits else float("nan")
+
+    def client_retries(self) -> list[int]:
+        return [a.attempts - 1 for a in self.committed if a.attempts is not None]
+
+    def linear(self) -> bool:
+        return self.versions == list(range(1, len(self.committed) + 2))
+
+    def complete(self) -> bool:
+        """Every acknowledged batch present exactly once, nothing else (besides setup)."""
+        wanted = {(a.writer, a.seq) for a in self.committed}
+        got = {key for key in self.present if key[0] != "setup"}
+        exact = all(self.present[key] == self.rows for key in wanted)
+        return exact and got == wanted and self.row_count == self.expected_rows
+
+    def as_json(self) -> dict[str, Any]:
+        lat = self.latencies_ms()
+        data = [a.data_seconds * 1000 for a in self.committed if a.data_seconds is not None]
+        return {
+            "system": self.system,
+            "writers": self.writers,
+            "appends_per_writer": self.appends_per_writer,
+            "rows_per_append": self.rows,
+            "commits": len(self.committed),
+            "failed": len(self.failed),
+            "errors": sorted({a.error for a in self.failed}),
+            "wall_seconds": self.wall_seconds,
+            "commits_per_second": len(self.committed) / self.wall_seconds,
+            "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99),
+            "p50_data_ms": percentile(data, 50) if data else None,
+            "server_claims": self.claims,
+            "retries_per_commit": self.retries_per_commit(),
+            "client_retries": self.client_retries(),
+            "requests_per_commit": self.requests / max(1, len(self.committed)),
+            "requests_by_operation": dict(self.operations),
+            "versions_linear": self.linear(),
+            "all_rows_present": self.complete(),
+            "row_count": self.row_count,
+            "expected_rows": self.expected_rows,
+            "latencies_ms": lat,
+        }
+
+
+# ------------------------------------------------------------------------ writers
+
+
+@dataclass(frozen=True)
+class WriterTask:
+    """What one writer does (picklable: it travels to a spawned process)."""
+
+    system: str
+    uri: str
+    options: dict[str, str]
+    name: str
+    appends: int
+    rows: int
+
+
+AppendFn = Callable[[str, int, int], Append]
+
+
+def make_append(task: WriterTask) -> AppendFn:
+    """Set the writer up (outside the timed window) and return its append function."""
+    if task.system.startswith("lancetx"):
+        # Each writer has its own connection, as separate processes or hosts would.
+        conn = connect(task.uri, task.options)
+        install_data_phase_timer()
+        return lancetx_writer(conn, fresh=task.system == "lancetx-fresh")
+    # Warm pylance's per-process DescribeTable cache, as connect() warms lancetx's.
+    lance.dataset(task.uri, storage_options=task.options)
+    return pylance_writer(task.uri, task.options)
+
+
+def lancetx_writer(conn: TableConnection, fresh: bool) -> AppendFn:
+    parent: list[Parent | Committed | None] = [None]
+
+    def append(writer: str, seq: int, rows: int) -> Append:
+        started = time.perf_counter()
+        try:
+            done = lancetx_append(conn, batch(writer, seq, rows), None if fresh else parent[0])
+        except Exception as exc:  # a failed append is a result, not a crash
+            return Append(writer, seq, time.perf_counter() - started, False, _short(exc))
+        seconds = time.perf_counter() - started
+        parent[0] = done
+        return Append(
+            writer, seq, seconds, True, attempts=done.attempts, data_seconds=last_data_seconds()
+        )
+
+    return append
+
+
+def pylance_writer(uri: str, options: dict[str, str]) -> AppendFn:
+    def append(writer: str, seq: int, rows: int) -> Append:
+        started = time.perf_counter()
+        try:
+            lance.write_dataset(
+                batch(writer, seq, rows), uri, mode="append", storage_options=options
+            )
+        except Exception as exc:
+            return Append(writer, seq, time.perf_counter() - started, False, _short(exc))
+        return Append(writer, seq, time.perf_counter() - started, True)
+
+    return append
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+#: Seconds any party waits at a start barrier before the run is declared broken.
+BARRIER_TIMEOUT = 180.0
+
+
+def writer_main(task: WriterTask, ready: Any, go: Any, out: Any) -> None:
+    """One writer: set up, wait for everyone, append, report (thread or process)."""
+    try:
+        append: AppendFn | None = make_append(task)
+        setup_error = ""
+    except Exception as exc:
+        append, setup_error = None, _short(exc)
+    ready.wait(BARRIER_TIMEOUT)
+    go.wait(BARRIER_TIMEOUT)
+    results: list[dict[str, Any]] = []
+    for seq in range(task.appends):
+        if append is None:
+            results.append(asdict(Append(task.name, seq, 0.0, False, f"setup: {setup_error}")))
+        else:
+            results.append(asdict(append(task.name, seq, task.rows)))
+    out.put((results, time.time()))
+
+
+def race(
+    mode: str, tasks: Sequence[WriterTask], counter: ServerCounter
+) -> tuple[list[Append], float, list[Request]]:
+    """Run the writers, released together; their appends, the wall time, and the
+    requests the server saw between the release and the last writer's end."""
+    n = len(tasks)
+    workers: list[threading.Thread | BaseProcess]
+    if mode == "threads":
+        ready: Any = threading.Barrier(n + 1)
+        go: Any = threading.Barrier(n + 1)
+        out: Any = queue.Queue()
+        workers = [threading.Thread(target=writer_main, args=(t, ready, go, out)) for t in tasks]
+    else:
+        # spawn, not fork: the parent runs the moto server's threads.
+        ctx = multiprocessing.get_context("spawn")
+        ready, go, out = ctx.Barrier(n + 1), ctx.Barrier(n + 1), ctx.Queue()
+        workers = [ctx.Process(target=writer_main, args=(t, ready, go, out)) for t in tasks]
+    for worker in workers:
+        worker.start()
+    ready.wait(BARRIER_TIMEOUT)
+    counter.take()  # setup requests (connect, DescribeTable, warm-up reads) are not counted
+    go.wait(BARRIER_TIMEOUT)
+    started = time.time()
+    appends: list[Append] = []
+    ended = started
+    for _ in tasks:  # drain before joining: a process cannot exit with queued data
+        results, finished = out.get(timeout=BARRIER_TIMEOUT * 5)
+        appends += [Append(**r) for r in results]
+        ended = max(ended, finished)
+    seen = counter.take()
+    for worker in workers:
+        worker.join()
+    return appends, ended - started, seen
+
+
+def inspect_table(
+    uri: str, options: dict[str, str]
+) -> tuple[list[int], Counter[tuple[str, int]], int]:
+    """Versions, rows per (writer, seq), and the row count, as pylance sees them."""
+    ds = lance.dataset(uri, storage_options=options)
+    versions = sorted(int(v["version"]) for v in ds.versions())
+    table = ds.to_table(columns=["writer", "seq"])
+    present: Counter[tuple[str, int]] = Counter(
+        zip(table.column("writer").to_pylist(), table.column("seq").to_pylist(), strict=True)
+    )
+    return versions, present, ds.count_rows()
+
+
+def run_one(
+    bench: Bench,
+    counter: ServerCounter,
+    mode: str,
+    system: str,
+    writers: int,
+    appends: int,
+    rows: int,
+) -> Run:
+    uri = bench.ddb_uri(unique_name(f"{system}-{writers}w"))
+    options = bench.options
+    lance.write_dataset(batch("setup", 0, rows), uri, storage_options=options)
+    run = Run(system, writers, appends, rows)
+    tasks = [
+        WriterTask(system, uri, options, f"{system}-{i}", appends, rows) for i in range(writers)
+    ]
+    run.appends, run.wall_seconds, seen = race(mode, tasks, counter)
+    run.claims = sum(1 for r in seen if r.claim)
+    run.requests = len(seen)
+    run.operations = Counter(r.operation for r in seen)
+    run.versions, run.present, run.row_count = inspect_table(uri, options)
+    run.expected_rows = rows * (1 + len(run.committed))
+    return run
+
+
+# ------------------------------------------------------------------ plain s3 anchor
+
+
+@dataclass
+class Anchor:
+    writers: int
+    appends_per_writer: int
+    acknowledged: int = 0
+    present: int = 0
+    errors: list[str] = field(default_factory=list)
+    versions: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def lost(self) -> int:
+        return self.acknowledged - self.present
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "writers": self.writers,
+            "appends_per_writer": self.appends_per_writer,
+            "acknowledged": self.acknowledged,
+            "present": self.present,
+            "lost": self.lost,
+            "lost_fraction": self.lost / self.acknowledged if self.acknowledged else None,
+            "errors": self.errors,
+            "latest_version": self.versions,
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+def run_anchor(
+    bench: Bench, counter: ServerCounter, mode: str, writers: int, appends: int, rows: int
+) -> Anchor:
+    """pylance plain ``s3://`` on the legacy store: how many acknowledged appends survive."""
+    uri = bench.s3_uri(unique_name("plain"))
+    options = bench.options
+    lance.write_dataset(batch("setup", 0, rows), uri, storage_options=options)
+    tasks = [
+        WriterTask("pylance-s3", uri, options, f"plain-{i}", appends, rows) for i in range(writers)
+    ]
+    appends_done, wall, _ = race(mode, tasks, counter)
+    acked = {(a.writer, a.seq) for a in appends_done if a.ok}
+    _, present, _ = inspect_table(uri, options)
+    ds = lance.dataset(uri, storage_options=options)
+    return Anchor(
+        writers,
+        appends,
+        acknowledged=len(acked),
+        present=sum(1 for key in acked if present.get(key)),
+        errors=sorted({a.error for a in appends_done if not a.ok}),
+        versions=ds.version,
+        wall_seconds=wall,
+    )
+
+
+# ------------------------------------------------------------------------ report
+
+
+def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
+    out: list[str] = []
+    if runs:
+        rows = []
+        for r in runs:
+            lat = r.latencies_ms()
+            client = r.client_retries()
+            rows.append(
+                [
+                    r.system,
+                    str(r.writers),
+                    f"{len(r.committed)}/{len(r.appends)}",
+                    fmt(r.wall_seconds, 2),
+                    fmt(len(r.committed) / r.wall_seconds),
+                    fmt(percentile(lat, 50)),
+                    fmt(percentile(lat, 99)),
+                    fmt(r.retries_per_commit(), 2),
+                    fmt(max(client)) if client else "-",
+                    fmt(r.requests / max(1, len(r.committed))),
+                    "yes" if r.linear() else "NO",
+                    "yes" if r.complete() else "NO",
+                ]
+            )
+        out += [
+            "### Concurrent appends through s3+ddb:// on a legacy S3",
+            "",
+            markdown_table(
+                [
+                    "system",
+                    "writers",
+                    "committed",
+                    "wall s",
+                    "commits/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "retries/commit",
+                    "max retries",
+                    "requests/commit",
+                    "versions 1..n, no gap",
+                    "all rows, once",
+                ],
+                rows,
+            ),
+            "",
+        ]
+        split = [
+            [
+                r.system,
+                str(r.writers),
+                fmt(percentile(r.latencies_ms(), 50)),
+                fmt(percentile([a.data_seconds * 1000 for a in r.committed if a.data_seconds], 50)),
+                fmt(
+                    percentile(
+                        [
+                            (a.seconds - a.data_seconds) * 1000
+                            for a in r.committed
+                            if a.data_seconds is not None
+                        ],
+                        50,
+                    )
+                ),
+                fmt(statistics.fmean(r.client_retries()), 2) if r.client_retries() else "-",
+            ]
+            for r in runs
+            if r.system.startswith("lancetx")
+        ]
+        if split:
+            out += [
+                "lancetx appends split into pylance's data-file write and lancetx's commit "
+                "(retries from `Committed.attempts`):",
+                "",
+                markdown_table(
+                    [
+                        "system",
+                        "writers",
+                        "p50 append ms",
+                        "p50 data files ms",
+                        "p50 commit ms",
+                        "retries/commit",
+                    ],
+                    split,
+                ),
+                "",
+            ]
+        ops = [
+            op
+            for op in operations_in(*(r.operations for r in runs))
+            if any(r.operations[op] for r in runs)
+        ]
+        per_op = [
+            [
+                r.system,
+                str(r.writers),
+                *(fmt(r.operations[op] / max(1, len(r.committed))) for op in ops),
+                fmt(r.requests / max(1, len(r.committed))),
+            ]
+            for r in runs
+        ]
+        out += [
+            "Requests per committed append, by operation (server side, all clients):",
+            "",
+            markdown_table(["system", "writers", *ops, "total"], per_op),
+            "",
+        ]
+        errors = sorted(
+            {f"{r.system}/{r.writers}: {e}" for r in runs for e in {a.error for a in r.failed}}
+        )
+        if errors:
+            out += ["Failed appends:", "", *(f"* {e}" for e in errors), ""]
+    if anchors:
+        rows = [
+            [
+                f"{a.writers} x {a.appends_per_writer}",
+                str(a.acknowledged),
+                str(a.present),
+                str(a.lost),
+                fmt(100 * a.lost / a.acknowledged if a.acknowledged else float("nan"), 0) + "%",
+                str(len(a.errors)),
+                str(a.versions),
+            ]
+            for a in anchors
+        ]
+        out += [
+            "### Anchor: pylance plain s3:// on the same legacy S3 (If-None-Match ignored)",
+            "",
+            markdown_table(
+                [
+                    "writers x appends",
+                    "acknowledged",
+                    "present",
+                    "lost",
+                    "lost %",
+                    "distinct errors",
+                    "latest version",
+                ],
+                rows,
+            ),
+            "",
+        ]
+        errors = sorted({e for a in anchors for e in a.errors})
+        if errors:
+            out += ["Errors seen by plain s3:// writers:", "", *(f"* {e}" for e in errors), ""]
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Concurrent appends through s3+ddb:// on a legacy S3 (embedded moto): "
+        "lancetx vs pylance, plus pylance plain s3:// as the data-loss anchor.",
+        epilog="Relative numbers on an in-process emulator, not AWS.",
+    )
+    parser.add_argument(
+        "--writers", default="1,4,8", help="comma-separated writer counts (default 1,4,8)"
+    )
+    parser.add_argument("--appends", type=int, default=5, help="appends per writer (default 5)")
+    parser.add_argument("--rows", type=int, default=100, help="rows per append (default 100)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
+    parser.add_argument(
+        "--plain-writers",
+        type=int,
+        default=8,
+        help="pylance plain s3:// writers for the data-loss anchor (0 skips it; default 8)",
+    )
+    parser.add_argument(
+        "--plain-appends", type=int, default=5, help="appends per plain s3:// writer (default 5)"
+    )
+    parser.add_argument(
+        "--plain-trials", type=int, default=1, help="repetitions of the anchor (default 1)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("processes", "threads"),
+        default="processes",
+        help="one process per writer (default: like independent writers; no GIL shared with "
+        "the emulator) or one thread per writer in this process",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(
+            f"unknown systems {', '.join(sorted(unknown))}; choose from {', '.join(SYSTEMS)}"
+        )
+    try:
+        writer_counts = [int(n) for n in args.writers.split(",") if n]
+    except ValueError:
+        parser.error(f"--writers {args.writers!r} is not a comma-separated list of integers")
+    if not writer_counts or min(writer_counts) < 1 or args.appends < 1 or args.rows < 1:
+        parser.error("--writers, --appends and --rows must be at least 1")
+
+    runs: list[Run] = []
+    anchors: list[Anchor] = []
+    with Stopwatch() as total, EmbeddedAws(legacy_s3=True) as aws:
+        bench = start_bench(aws)
+        with counting(aws) as counter:
+            for system in systems:
+                for writers in writer_counts:
+                    runs.append(
+                        run_one(bench, counter, args.mode, system, writers, args.appends, args.rows)
+                    )
+            for _ in range(args.plain_trials if args.plain_writers > 0 else 0):
+                anchors.append(
+                    run_anchor(
+                        bench, counter, args.mode, args.plain_writers, args.plain_appends, args.rows
+                    )
+                )
+    print(report(runs, anchors))
+    print(
+        f"({total.seconds:.1f} s; moto in-process on 127.0.0.1, S3 ignoring If-None-Match — "
+        "relative numbers, not AWS)"
+    )
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "benchmark": "contention",
+                "mode": args.mode,
+                "environment": environment(),
+                "runs": [r.as_json() for r in runs],
+                "plain_s3_anchor": [a.as_json() for a in anchors],
+            },
+        )
+    broken = [r for r in runs if not (r.linear() and r.complete())]
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
