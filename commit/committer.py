@@ -199,6 +199,12 @@ def commit_transaction(
                 }
             ours = rebased
             pending = []
+        if current is not None and current.location.alternate_key is not None:
+            # The parent is still a staged manifest (its writer crashed or is still
+            # finalizing): finish it before claiming on top of it, so the object store
+            # never lags more than one commit behind (a reader that does not know the
+            # external store, or a copy of the directory, would see a hole otherwise).
+            current = Parent(handler.resolve_version(base, current.version), current.manifest)
         next_version = current.version + 1 if current is not None else 1
         txn_pb = ours.to_proto()
         txn_file = write_transaction_file(store, base, txn_pb)
@@ -374,6 +380,7 @@ def _check_and_rebase(
             needed,
             read_fragments=read_fragments,
             latest=latest.manifest.manifest,
+            committed_operations={v.committed_version: v.theirs.value for v in verdicts},
         )
     # Compatible with everything: Lance keeps the read version for these
     # (it only names the transaction file); the manifest is built on the latest.
