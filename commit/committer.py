@@ -12,8 +12,9 @@ One attempt (Lance's ``commit_transaction``, read top to bottom):
 
 A writer that holds the latest manifest (the one it read, or the one it just
 committed) tries ``latest + 1`` straight away: no listing, no extra read. A
-lost race says who won, so the loser retries at once; the jittered backoff is
-short and only spreads out writers that keep colliding.
+lost race says who won, so the loser needs no long sleep: it waits a random
+part of one attempt's duration (doubling per further loss), just enough that
+the losers of one round do not all collide again in the next.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -64,10 +65,13 @@ LOAD_PARALLELISM = 8
 class RetryPolicy:
     """Bounds on retrying a commit that lost the race for a version.
 
-    ``max_attempts``: attempts in all (Lance's default is 20). Delays grow
-    exponentially from ``base_delay`` to ``max_delay`` seconds; ``jitter`` is the
-    fraction of each delay that is randomized (1.0 = full jitter). The first
-    retry after a lost race waits nothing: the handler already told us the winner.
+    ``max_attempts``: attempts in all (Lance's default is 20). A lost race names
+    its winner, so a loser needs no long sleep to learn anything; it only needs
+    to avoid retrying in lockstep with the other losers, which would collide
+    again. So the wait before retry ``k`` is drawn from a window of one *slot* —
+    how long our last attempt took, at least ``base_delay`` — doubled per further
+    loss and capped at ``max_delay`` (Lance's slot backoff, sized from a measured
+    attempt). ``jitter`` is the randomized fraction of the window (1.0 = full).
     """
 
     max_attempts: int = 20
@@ -81,15 +85,14 @@ class RetryPolicy:
         if self.base_delay < 0 or self.max_delay < 0 or not 0 <= self.jitter <= 1:
             raise ValueError("RetryPolicy delays must be >= 0 and jitter in [0, 1]")
 
-    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
-        """Delay before each retry (the first is 0)."""
-        rng = rng or random.Random()
-        yield 0.0
-        delay = self.base_delay
-        while True:
-            capped = min(delay, self.max_delay)
-            yield capped * (1 - self.jitter) + rng.uniform(0, capped * self.jitter)
-            delay *= 2
+    def window(self, retry: int, slot: float = 0.0) -> float:
+        """The longest wait before retry number ``retry`` (1 = the first retry)."""
+        return min(self.max_delay, max(self.base_delay, slot) * 2 ** max(retry - 1, 0))
+
+    def delay(self, retry: int, slot: float = 0.0, rng: random.Random | None = None) -> float:
+        """A wait before retry number ``retry``: uniform over the jittered part of the window."""
+        window = self.window(retry, slot)
+        return window * (1 - self.jitter) + (rng or random).uniform(0, window * self.jitter)
 
 
 @dataclass(frozen=True)
@@ -184,9 +187,10 @@ def commit_transaction(
     if current is not None and ours.read_version > 0:
         read_fragments = _read_fragments(handler, base, ours, current)
 
-    delays = options.retry.delays()
+    policy = options.retry
     next_version = 1
-    for attempt in range(1, options.retry.max_attempts + 1):
+    txn_bytes, txn_file = b"", ""
+    for attempt in range(1, policy.max_attempts + 1):
         if pending and current is not None:
             rebased = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
             if rebased.read_version != ours.read_version:
@@ -206,8 +210,11 @@ def commit_transaction(
             # external store, or a copy of the directory, would see a hole otherwise).
             current = Parent(handler.resolve_version(base, current.version), current.manifest)
         next_version = current.version + 1 if current is not None else 1
+        started = time.perf_counter()
         txn_pb = ours.to_proto()
-        txn_file = write_transaction_file(store, base, txn_pb)
+        if txn_pb.SerializeToString() != txn_bytes:  # unchanged after a compatible loss: reuse it
+            txn_file = write_transaction_file(store, base, txn_pb)
+            txn_bytes = txn_pb.SerializeToString()
         built = build_manifest(
             current.manifest.manifest if current is not None else None,
             (current.manifest.indices or []) if current is not None else [],
@@ -232,13 +239,14 @@ def commit_transaction(
                     uri, options.expected_version, next_version
                 ) from None
             log.debug("lost version %d of %s (attempt %d)", next_version, uri, attempt)
+            slot = time.perf_counter() - started
             newer = _load_newer(handler, base, current.version if current is not None else 0)
-            if not newer:  # the winner is not visible yet; back off and look again
-                time.sleep(next(delays) or options.retry.base_delay)
+            if not newer:  # the winner is not visible yet: wait a whole window, then look again
+                time.sleep(policy.window(attempt, slot))
                 continue
             pending = [(v, t) for v, t, _ in newer]
             current = newer[-1][2]
-            time.sleep(next(delays))
+            time.sleep(policy.delay(attempt, slot))
             continue
         manifest = ManifestFile(
             manifest=built.manifest,
@@ -249,7 +257,7 @@ def commit_transaction(
             size=len(data),
         )
         return Committed(location, manifest, ours, attempt)
-    raise RetriesExhaustedError(uri, ours.uuid, options.retry.max_attempts, next_version)
+    raise RetriesExhaustedError(uri, ours.uuid, policy.max_attempts, next_version)
 
 
 # --------------------------------------------------------------------------- pieces

@@ -325,27 +325,28 @@ def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
 
 
-def _take(policy: RetryPolicy, n: int, seed: int = 7) -> list[float]:
-    delays = policy.delays(random.Random(seed))
-    return [next(delays) for _ in range(n)]
+def _take(policy: RetryPolicy, n: int, slot: float = 0.0, seed: int = 7) -> list[float]:
+    rng = random.Random(seed)
+    return [policy.delay(k, slot, rng) for k in range(1, n + 1)]
 
 
-def test_delays_without_jitter_double_up_to_the_cap() -> None:
+def test_windows_double_from_one_slot_up_to_the_cap() -> None:
     policy = RetryPolicy(base_delay=0.01, max_delay=0.05, jitter=0.0)
-    assert _take(policy, 6) == pytest.approx([0.0, 0.01, 0.02, 0.04, 0.05, 0.05])
+    # No measured slot: the window starts at base_delay.
+    assert _take(policy, 5) == pytest.approx([0.01, 0.02, 0.04, 0.05, 0.05])
+    # A measured attempt of 15 ms sizes the first window.
+    assert _take(policy, 3, slot=0.015) == pytest.approx([0.015, 0.03, 0.05])
 
 
 @pytest.mark.parametrize("jitter", [1.0, 0.5, 0.25])
 def test_jittered_delays_stay_within_bounds(jitter: float) -> None:
     policy = RetryPolicy(base_delay=0.01, max_delay=0.05, jitter=jitter)
     for seed in range(50):
-        delays = _take(policy, 10, seed)
-        assert delays[0] == 0.0  # a lost race names the winner: retry at once
-        for k, delay in enumerate(delays[1:]):
-            cap = min(0.01 * 2**k, 0.05)
+        for k, delay in enumerate(_take(policy, 10, slot=0.012, seed=seed), start=1):
+            cap = min(0.012 * 2 ** (k - 1), 0.05)
             assert cap * (1 - jitter) - 1e-12 <= delay <= cap + 1e-12
     # Jitter really randomizes (full jitter differs between seeds).
-    assert len({tuple(_take(RetryPolicy(), 5, seed)) for seed in range(5)}) == 5
+    assert len({tuple(_take(RetryPolicy(), 5, seed=seed)) for seed in range(5)}) == 5
 
 
 def test_a_writer_that_always_loses_exhausts_its_attempts(
@@ -388,7 +389,8 @@ def test_a_writer_that_loses_a_few_times_lands(
 def test_a_writer_that_loses_to_real_winners_retries_at_once(
     table: EngineTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Lost races whose winners are visible: the first retry does not wait."""
+    """Lost races whose winners are visible: the retry waits at most one slot
+    (a random part of how long the lost attempt took), never a long backoff."""
     slept: list[float] = []
     monkeypatch.setattr("lancetx.commit.committer.time.sleep", slept.append)
     read = table.latest()
@@ -402,7 +404,8 @@ def test_a_writer_that_loses_to_real_winners_retries_at_once(
 
     assert racing.attempts == [3, 4]
     assert committed.version == 4
-    assert slept == [0.0]
+    assert len(slept) == 1
+    assert 0.0 <= slept[0] <= RetryPolicy().max_delay
     assert table.values() == [*range(20), *range(100, 105), *range(200, 205)]
 
 
@@ -479,4 +482,6 @@ def test_commit_that_loses_a_race_lists_once_and_never_heads(s3_table: EngineTab
     assert log.count("ListObjectsV2") == 1
     assert log.count("HeadObject") == 0
     assert log.count("GetObject") == 1  # the winner's manifest (transaction inline)
-    assert log.count("PutObject") == 4  # two attempts x (transaction file + manifest)
+    # Two manifests, one transaction file: an append that lost to a compatible
+    # commit keeps its read version, so its transaction file is reused as is.
+    assert log.count("PutObject") == 3
