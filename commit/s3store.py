@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-import boto3
 import botocore.exceptions as bce
 from botocore.config import Config
 
+from lancetx.commit.aws_clients import make_client as make_shared_client
 from lancetx.commit.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -261,15 +261,19 @@ class S3Config:
         return kwargs
 
     def create_client(self) -> S3Client:
-        """A new boto3 S3 client (its own session, so this is safe from any thread)."""
-        session = boto3.session.Session(
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            aws_session_token=self.session_token,
-            region_name=self.region,
-            profile_name=self.profile,
+        """A new boto3 S3 client (from the profile's shared session; safe from any thread)."""
+        credentials = {
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "aws_session_token": self.session_token,
+            "region_name": self.region,
+        }
+        kwargs = {k: v for k, v in credentials.items() if v is not None}
+        kwargs.update(self.client_kwargs())
+        client: S3Client = make_shared_client(
+            "s3", profile=self.profile, config=Config(**self.config_kwargs()), **kwargs
         )
-        return session.client("s3", config=Config(**self.config_kwargs()), **self.client_kwargs())
+        return client
 
 
 # ------------------------------------------------------------------- error mapping

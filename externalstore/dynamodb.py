@@ -39,10 +39,11 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lancetx.commit.aws_clients import make_client as make_shared_client
+from lancetx.commit.aws_clients import shared_session
 from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
@@ -261,8 +262,10 @@ class DynamoDBConfig:
 def make_client(config: DynamoDBConfig | None = None) -> Any:
     """A boto3 DynamoDB client for ``config`` (a fresh session: thread-safe)."""
     config = config or DynamoDBConfig.from_options()
-    session = boto3.session.Session(profile_name=config.profile)
-    return session.client("dynamodb", **config.client_kwargs(session.region_name))
+    session = shared_session(config.profile)
+    return make_shared_client(
+        "dynamodb", profile=config.profile, **config.client_kwargs(session.region_name)
+    )
 
 
 # ============================================================================ sans-IO core
