@@ -92,7 +92,8 @@ class RetryPolicy:
     def delay(self, retry: int, slot: float = 0.0, rng: random.Random | None = None) -> float:
         """A wait before retry number ``retry``: uniform over the jittered part of the window."""
         window = self.window(retry, slot)
-        return window * (1 - self.jitter) + (rng or random).uniform(0, window * self.jitter)
+        spread: float = (rng or random).uniform(0, window * self.jitter)
+        return window * (1 - self.jitter) + spread
 
 
 @dataclass(frozen=True)
