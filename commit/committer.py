@@ -87,7 +87,8 @@ class RetryPolicy:
 
     def window(self, retry: int, slot: float = 0.0) -> float:
         """The longest wait before retry number ``retry`` (1 = the first retry)."""
-        return min(self.max_delay, max(self.base_delay, slot) * 2 ** max(retry - 1, 0))
+        growth = 2.0 ** max(retry - 1, 0)
+        return float(min(self.max_delay, max(self.base_delay, slot) * growth))
 
     def delay(self, retry: int, slot: float = 0.0, rng: random.Random | None = None) -> float:
         """A wait before retry number ``retry``: uniform over the jittered part of the window."""
