@@ -14,12 +14,18 @@ Query), not from listing the bucket: a legacy store's listing may be stale.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from lancetx.commit.errors import ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.handler import CommitHandler, ManifestLocation
-from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
-from lancetx.commit.naming import NamingScheme, manifest_key
+from lancetx.commit.listing import (
+    MixedNamingSchemesError,
+    latest_manifest_location,
+    list_manifest_locations,
+    versions_prefix,
+)
+from lancetx.commit.naming import NamingScheme, manifest_key, parse_manifest_name
 from lancetx.commit.objectstore import ObjectStore
 from lancetx.commit.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import (
@@ -27,7 +33,7 @@ from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
 )
-from lancetx.externalstore.errors import EntryExistsError
+from lancetx.externalstore.errors import EntryExistsError, EntryNotFoundError
 from lancetx.externalstore.protocol import (
     COMMITTER,
     CommitOutcome,
@@ -90,10 +96,50 @@ class ExternalStoreCommitHandler(CommitHandler):
                 meta = self.store.head(key)
             except ObjectNotFoundError:
                 continue
-            return ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+            location = ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+            self._backfill_from(base, location)
+            return location
         raise VersionNotFoundError(
             self.store.uri(base), version, "no external-store entry and no manifest"
         )
+
+    def _backfill_from(self, base: str, location: ManifestLocation) -> None:
+        """Record ``location`` and the versions after it that exist only in the object store.
+
+        Versions written before the table used the external store have no
+        entry, so nothing stops a claim on them: a writer building on
+        ``location`` would claim the next version and, if that one predates the
+        store too, its copy would overwrite that version's manifest. Recorded,
+        such a claim loses like any other. Stops at the first version that has
+        an entry (or no manifest): three requests per version in between, and
+        only when a pre-external-store version is read.
+        """
+        current = location
+        while True:
+            entry = ManifestEntry(
+                base_uri=base,
+                version=current.version,
+                path=current.key,
+                size=current.size,
+                committer=self.committer,
+            )
+            try:
+                self.entries.put_if_not_exists(entry)
+            except EntryExistsError:
+                return
+            try:
+                self.entries.get(base, current.version + 1)
+                return  # the external store takes over from here
+            except EntryNotFoundError:
+                pass
+            following = manifest_key(base, current.version + 1, current.scheme)
+            try:
+                meta = self.store.head(following)
+            except ObjectNotFoundError:
+                return
+            current = ManifestLocation(
+                current.version + 1, following, current.scheme, size=meta.size, etag=meta.etag
+            )
 
     def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
         """Committed versions after ``since``, from the external store; versions older
@@ -177,8 +223,49 @@ class AsyncExternalStoreCommitHandler:
         self.last_outcome: CommitOutcome | None = None
 
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
-        """See :meth:`ExternalStoreCommitHandler.resolve_latest` (no onboarding: use the sync handler once)."""
-        return await run_async(resolve_steps(Table(base, base)), self.store, self.entries)
+        """See :meth:`ExternalStoreCommitHandler.resolve_latest`, onboarding included."""
+        location = await run_async(resolve_steps(Table(base, base)), self.store, self.entries)
+        if location is not None:
+            return location
+        return await self._onboard(base)
+
+    async def _onboard(self, base: str) -> ManifestLocation | None:
+        # A table with manifests but no entries is not empty: reporting None would
+        # have the caller commit version 1 over the existing one.
+        prefix = versions_prefix(base)
+        listed = [
+            ManifestLocation(parsed[0], meta.key, parsed[1], size=meta.size, etag=meta.etag)
+            for meta in await self.store.list(prefix)
+            if meta.key.startswith(prefix)
+            and "/" not in meta.key[len(prefix) :]
+            and (parsed := parse_manifest_name(meta.key[len(prefix) :])) is not None
+        ]
+        if not listed:
+            return None
+        mixed = [loc for loc in listed if loc.scheme is not listed[0].scheme]
+        if mixed:
+            raise MixedNamingSchemesError(self.store.uri(prefix), listed[0], mixed[0])
+        latest = max(listed, key=lambda loc: loc.version)
+        for _ in range(ONBOARD_PROBE_LIMIT):  # a stale listing must not hide a newer version
+            key = manifest_key(base, latest.version + 1, latest.scheme)
+            try:
+                meta = await self.store.head(key)
+            except ObjectNotFoundError:
+                break
+            latest = ManifestLocation(
+                latest.version + 1, key, latest.scheme, size=meta.size, etag=meta.etag
+            )
+        entry = ManifestEntry(
+            base_uri=base,
+            version=latest.version,
+            path=latest.key,
+            size=latest.size,
+            committer=self.committer,
+        )
+        # EntryExistsError: another process onboarded it, or committed meanwhile: both fine.
+        with contextlib.suppress(EntryExistsError):
+            await self.entries.put_if_not_exists(entry)
+        return latest
 
     async def resolve_version(self, base: str, version: int) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.resolve_version`."""

@@ -556,7 +556,22 @@ def put_if_not_exists_plan(ctx: PlanContext, entry: ManifestEntry) -> Plan[None]
         existing = entry_from_item(old, ctx.target, "PutItem") if old else None
         if existing is None:
             # A service without ALL_OLD support (older DynamoDB Local): read it.
-            existing = yield from _get_optional_plan(ctx, entry.base_uri, entry.version, "PutItem")
+            try:
+                existing = yield from _get_optional_plan(
+                    ctx, entry.base_uri, entry.version, "PutItem"
+                )
+            except ExternalStoreError as exc:
+                if not ambiguous:
+                    raise
+                # An attempt may have landed and we cannot look: any other error
+                # would tell the caller "not committed".
+                raise AmbiguousWriteError(
+                    "dynamodb:PutItem",
+                    ctx.target.resource,
+                    entry,
+                    f"the condition failed after an attempt that may have landed, and reading "
+                    f"the item failed ({exc})",
+                ) from exc
     action, resource = "dynamodb:PutItem", ctx.target.resource
     if existing is None:
         if ambiguous:

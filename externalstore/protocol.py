@@ -139,6 +139,13 @@ class CopyObject:
 
 
 @dataclass(frozen=True)
+class GetObject:
+    """Read a whole object (result: bytes)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
 class HeadObject:
     """Object metadata (result: ObjectMeta)."""
 
@@ -185,6 +192,7 @@ class LatestEntry:
 Effect = (
     PutObject
     | CopyObject
+    | GetObject
     | HeadObject
     | DeleteObject
     | ClaimEntry
@@ -247,7 +255,7 @@ def commit_steps(
         committer=committer,
         commit_token=token,
     )
-    yield from _claim(table, entry, final, staged_meta)
+    yield from _claim(table, entry, final, manifest)
     try:
         finalized = yield from finalize_steps(table, entry, staged_etag=staged_meta.etag)
     except LancetxError as exc:
@@ -261,7 +269,7 @@ def commit_steps(
     return CommitOutcome(_location(finalized, scheme), finalized, finalized=True)
 
 
-def _claim(table: Table, entry: ManifestEntry, final: str, staged_meta: ObjectMeta) -> Steps[None]:
+def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> Steps[None]:
     """Insert ``entry``; settle ambiguous outcomes; on a loss, delete our staged object."""
     last_error: AmbiguousWriteError | None = None
     for _ in range(CLAIM_ATTEMPTS):
@@ -270,18 +278,30 @@ def _claim(table: Table, entry: ManifestEntry, final: str, staged_meta: ObjectMe
             return
         except EntryExistsError as lost:
             existing = lost.existing
-            if existing is None:
-                existing = yield from _get_or_none(table, entry.version)
-                if existing is None:  # vanished between the two requests: claim again
-                    continue
         except AmbiguousWriteError as unclear:
             last_error = unclear
-            existing = yield from _get_or_none(table, entry.version)
+            existing = None
+        try:
             if existing is None:
-                # A consistent read finds nothing, so the write did not land yet.
-                # Claiming again is safe: the token makes our own landing recognizable.
-                continue
-        owner = yield from _ownership(existing, entry, final, staged_meta)
+                existing = yield from _get_or_none(table, entry.version)
+                if existing is None:
+                    # A consistent read finds nothing: the write did not land (or the
+                    # entry vanished). Claiming again is safe: the token makes our own
+                    # landing recognizable.
+                    continue
+            owner = yield from _ownership(existing, entry, final, manifest)
+        except LancetxError as exc:
+            if last_error is None:
+                raise
+            # One of our attempts may have landed and we could not find out: any
+            # other error would tell the caller "not committed".
+            raise CommitStateUnknownError(
+                table.base_uri,
+                entry.version,
+                entry.commit_token,
+                f"the conditional write to the external store was ambiguous ({last_error}) and "
+                f"settling it failed ({exc}); staged manifest {entry.path!r} was kept",
+            ) from exc
         if owner is Ownership.MINE:
             return
         yield from _best_effort_delete(entry.path)
@@ -298,19 +318,22 @@ def _claim(table: Table, entry: ManifestEntry, final: str, staged_meta: ObjectMe
 
 
 def _ownership(
-    existing: ManifestEntry, ours: ManifestEntry, final: str, staged_meta: ObjectMeta
+    existing: ManifestEntry, ours: ManifestEntry, final: str, manifest: bytes
 ) -> Steps[Ownership]:
     owner = ownership_of(existing, ours)
     if owner is not Ownership.UNKNOWN:
         return owner
     # A final path without a token: a finalizer that does not keep tokens (pylance)
-    # rewrote the entry. Ours iff the final object holds our bytes.
+    # rewrote the entry. Ours iff the final object holds our bytes. ETags cannot
+    # tell: SSE-KMS, local disks and some S3-compatible stores give a copy an ETag
+    # of its own, and some stores give unrelated objects equal ones.
+    if existing.path != final:
+        return Ownership.THEIRS
     try:
-        meta: ObjectMeta = yield HeadObject(final)
+        data: bytes = yield GetObject(final)
     except ObjectNotFoundError:
         return Ownership.THEIRS
-    same = _etag(meta.etag) is not None and _etag(meta.etag) == _etag(staged_meta.etag)
-    return Ownership.MINE if same else Ownership.THEIRS
+    return Ownership.MINE if data == manifest else Ownership.THEIRS
 
 
 def finalize_steps(
@@ -321,6 +344,7 @@ def finalize_steps(
     Idempotent and safe under any number of concurrent finalizers. Returns the
     entry as it points now (at the final manifest).
     """
+    validate_entry(table, entry)  # never copy from (or flip to) a path outside this version
     staged = entry.path
     final = final_key_of(table, entry)
     done = replace(entry, path=final)
@@ -445,7 +469,11 @@ def _location(entry: ManifestEntry, scheme: NamingScheme) -> ManifestLocation:
         if staged is not None:
             alternate = f"{folder}/{staged.final_name}" if folder else staged.final_name
     return ManifestLocation(
-        version=entry.version, key=entry.path, scheme=scheme, size=entry.size, alternate_key=alternate
+        version=entry.version,
+        key=entry.path,
+        scheme=scheme,
+        size=entry.size,
+        alternate_key=alternate,
     )
 
 
@@ -468,6 +496,7 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
     handlers: dict[type, Callable[[Any], Any]] = {
         PutObject: lambda e: store.put(e.key, e.data),
         CopyObject: lambda e: store.copy(e.src, e.dst),
+        GetObject: lambda e: store.get(e.key),
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
         ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
@@ -495,6 +524,7 @@ async def run_async(
     handlers: dict[type, Callable[[Any], Awaitable[Any]]] = {
         PutObject: lambda e: store.put(e.key, e.data),
         CopyObject: lambda e: store.copy(e.src, e.dst),
+        GetObject: lambda e: store.get(e.key),
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
         ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),

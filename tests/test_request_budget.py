@@ -1,0 +1,188 @@
+"""The request budget of the external-store protocol, counted on the wire.
+
+Every HTTP request our S3 and DynamoDB clients send is recorded by a botocore
+``before-send`` hook (``RequestLog``). The DynamoDB table is validated
+(DescribeTable) before counting starts. Budgets:
+
+* an uncontended commit by a writer that holds its parent (the ``Committed``
+  of its previous commit): PUT transaction file, PUT staged manifest, PutItem
+  (claim), CopyObject, PutItem (flip), DeleteObject — no read, no LIST, no HEAD;
+* the latest version: one Query; a given version: one GetItem;
+* a cold open of the latest version: one Query plus one GET;
+* a lost race: one Query and one GET for the winner's manifest, no LIST, no HEAD.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from protocol_helpers import (
+    RequestLog,
+    batch,
+    ddb_uri,
+    ensure_ddb_table,
+    lancetx_append,
+    pylance_create,
+)
+
+from lancetx.commit.committer import Committed, Parent, load_parent
+from lancetx.commit.manifest import read_manifest_at
+from lancetx.commit.naming import NamingScheme
+from lancetx.commit.s3store import S3Config
+from lancetx.commit.s3store_async import AsyncS3ObjectStore
+from lancetx.externalstore.commit_handler import (
+    AsyncExternalStoreCommitHandler,
+    ExternalStoreCommitHandler,
+)
+from lancetx.externalstore.connect import TableConnection, connect
+from lancetx.externalstore.dynamodb import DynamoDBConfig
+from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.embedded import (
+    DEFAULT_REGION,
+    FAKE_ACCESS_KEY,
+    FAKE_SECRET_KEY,
+    EmbeddedAws,
+)
+
+ROWS = 10
+COMMIT = ["PutObject", "PutObject", "PutItem", "CopyObject", "PutItem", "DeleteObject"]
+READS = {"GetObject", "HeadObject", "ListObjectsV2", "Query", "GetItem", "Scan", "DescribeTable"}
+
+
+@dataclass
+class Counted:
+    conn: TableConnection
+    log: RequestLog
+    options: dict[str, str]
+
+    @property
+    def handler(self) -> ExternalStoreCommitHandler:
+        handler = self.conn.handler
+        assert isinstance(handler, ExternalStoreCommitHandler)
+        return handler
+
+    def ops(self) -> list[str]:
+        return self.log.operations()
+
+
+@pytest.fixture
+def counted(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Iterator[Counted]:
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "budget.lance", ddb_table_name)
+    pylance_create(uri, options, batch("setup", 0, ROWS))
+    conn = connect(uri, options)  # validates the DynamoDB table (DescribeTable) here
+    log = RequestLog()
+    log.attach(conn.handler.store.client, "s3")  # type: ignore[attr-defined]
+    log.attach(conn.handler.entries.client, "dynamodb")  # type: ignore[attr-defined]
+    yield Counted(conn, log, options)
+
+
+def append(
+    counted: Counted, writer: str, seq: int, parent: Parent | Committed | None = None
+) -> Committed:
+    conn = counted.conn
+    return lancetx_append(
+        conn.handler, conn.base, conn.data_uri, counted.options, batch(writer, seq, ROWS), parent
+    )
+
+
+def test_latest_is_one_query_and_a_version_one_get_item(counted: Counted) -> None:
+    location = counted.handler.resolve_latest(counted.conn.base)
+    assert location is not None and location.version == 1
+    assert counted.ops() == ["Query"]
+    counted.log.clear()
+    assert counted.handler.resolve_version(counted.conn.base, 1).version == 1
+    assert counted.ops() == ["GetItem"]
+
+
+def test_cold_open_is_one_query_and_one_get(counted: Counted) -> None:
+    location = counted.handler.resolve_latest(counted.conn.base)
+    assert location is not None
+    manifest = read_manifest_at(counted.handler.store, location)
+    assert manifest.manifest.version == 1
+    assert counted.ops() == ["Query", "GetObject"]
+    (get,) = [r for r in counted.log.requests if r.operation == "GetObject"]
+    assert get.headers.get("range", "").startswith("bytes=-")  # the tail, in one request
+
+
+def test_uncontended_commit_with_the_parent_in_hand_reads_nothing(counted: Counted) -> None:
+    first = append(counted, "w", 0)  # cold: resolves and reads the parent
+    assert counted.ops() == ["Query", "GetObject", *COMMIT]
+    counted.log.clear()
+
+    second = append(counted, "w", 1, parent=first)
+    assert second.version == 3
+    assert counted.ops() == COMMIT
+    txn, staged, claim, copy, flip, delete = counted.log.requests
+    assert "/_transactions/" in txn.url
+    assert "/_versions/" in staged.url and staged.url.rsplit("/", 1)[-1].count("-") == 5
+    assert copy.headers["x-amz-copy-source"].endswith(staged.url.rsplit("/", 1)[-1])
+    assert delete.url == staged.url
+    assert claim.service == flip.service == "dynamodb"
+    assert not READS & set(counted.ops())
+    assert counted.log.with_conditional_headers() == []
+
+    counted.log.clear()
+    latest = counted.handler.resolve_latest(counted.conn.base)
+    assert latest is not None and latest.version == 3
+    assert counted.ops() == ["Query"]
+
+
+def test_a_lost_race_costs_one_query_and_one_get_per_winner(counted: Counted) -> None:
+    parent = load_parent(counted.handler, counted.conn.base)
+    other = connect(counted.conn.uri, counted.options)
+    winner = lancetx_append(
+        other.handler, other.base, other.data_uri, counted.options, batch("winner", 0, ROWS)
+    )
+    assert winner.version == 2
+    counted.log.clear()
+
+    ours = append(counted, "loser", 0, parent=parent)  # stale parent: loses version 2 once
+    assert ours.version == 3 and ours.attempts == 2
+    ops = counted.ops()
+    assert ops.count("Query") == 1 and ops.count("GetObject") == 1, ops
+    assert "ListObjectsV2" not in ops and "HeadObject" not in ops, ops
+    assert ops[:4] == ["PutObject", "PutObject", "PutItem", "DeleteObject"]  # lost, cleaned up
+    assert ops[-5:] == COMMIT[1:]
+
+
+def test_async_commit_and_latest_have_the_same_budget(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    base = "budget-async.lance"
+    s3_config = S3Config(
+        endpoint_url=legacy_aws.endpoint,
+        region=DEFAULT_REGION,
+        access_key_id=FAKE_ACCESS_KEY,
+        secret_access_key=FAKE_SECRET_KEY,
+    )
+
+    async def main() -> list[list[str]]:
+        phases: list[list[str]] = []
+        async with (
+            AsyncS3ObjectStore(bucket, config=s3_config, legacy=True) as store,
+            AsyncDynamoDBManifestStore.open(  # validated on open
+                ddb_table_name, DynamoDBConfig.from_options(options)
+            ) as entries,
+        ):
+            log = RequestLog()
+            log.attach(await store.client(), "s3")
+            log.attach(entries.client, "dynamodb")
+            handler = AsyncExternalStoreCommitHandler(store, entries)
+            await handler.commit(base, 1, b"v1", NamingScheme.V2)
+            phases.append(log.operations())
+            log.clear()
+            latest = await handler.resolve_latest(base)
+            assert latest is not None and latest.version == 1
+            phases.append(log.operations())
+        return phases
+
+    commit, latest = asyncio.run(main())
+    assert commit == COMMIT[1:]  # no transaction file: the handler is given the manifest
+    assert latest == ["Query"]
