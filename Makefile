@@ -1,5 +1,6 @@
 # Everything bootstraps from nothing: `make test` on a fresh clone creates the
 # venv, installs pinned dependencies, then lints, type-checks and runs pytest.
+# Python 3.11+ (the pinned numpy/pyarrow need it); needs make and the venv module.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,7 +11,6 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 

@@ -37,7 +37,7 @@ import re
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -323,9 +323,9 @@ class _Builder:
         self.transaction_file = transaction_file
         self.restore_source = restore_source
         if now is None:
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
         elif now.tzinfo is None:
-            now = now.replace(tzinfo=timezone.utc)  # a naive time is taken as UTC
+            now = now.replace(tzinfo=UTC)  # a naive time is taken as UTC
         self.now = now
         self.requested_storage_version = data_storage_version
         self.enable_stable_row_ids = enable_stable_row_ids
@@ -420,7 +420,7 @@ class _Builder:
         manifest = _copy(old)
         self.clear_positions(manifest)
         manifest.version = self.version
-        manifest.timestamp.FromDatetime(self.now.astimezone(timezone.utc).replace(tzinfo=None))
+        manifest.timestamp.FromDatetime(self.now.astimezone(UTC).replace(tzinfo=None))
         manifest.transaction_file = self.transaction_file
         prev = self.previous
         if (
@@ -497,7 +497,7 @@ class _Builder:
         self.finish_fragments(fragments)
         self.apply_data_format()
         manifest.tag = self.txn.tag
-        manifest.timestamp.FromDatetime(self.now.astimezone(timezone.utc).replace(tzinfo=None))
+        manifest.timestamp.FromDatetime(self.now.astimezone(UTC).replace(tzinfo=None))
         self.update_max_fragment_id()
         self.apply_config_changes()
         if op == "update_bases":

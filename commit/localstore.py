@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from stat import S_ISREG
 from typing import Final
 
@@ -55,7 +55,7 @@ def _meta(key: str, stat: os.stat_result) -> ObjectMeta:
         key=key,
         size=stat.st_size,
         etag=_etag(stat),
-        last_modified=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
+        last_modified=datetime.fromtimestamp(stat.st_mtime, tz=UTC),
     )
 
 

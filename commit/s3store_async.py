@@ -184,6 +184,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return self
 
     def uri(self, key: str) -> str:
+        """See :meth:`AsyncObjectStore.uri`."""
         return s3_uri(self.bucket, key)
 
     def _error(
@@ -206,6 +207,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return data
 
     async def get(self, key: str) -> bytes:
+        """See :meth:`AsyncObjectStore.get`."""
         check_key(key)
         client = await self.client()
         try:
@@ -215,6 +217,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
             raise self._error(exc, "GetObject", key) from exc
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
+        """See :meth:`AsyncObjectStore.get_range`."""
         check_key(key)
         check_range(start, end)
         if start == end:
@@ -233,6 +236,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return range_of_response(body, response.get("ContentRange"), start, end)
 
     async def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        """See :meth:`AsyncObjectStore.get_tail`."""
         check_key(key)
         if length < 0:
             raise ValueError(f"tail length must not be negative, got {length}")
@@ -253,6 +257,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return data, size if size is not None else (await self.head(key)).size
 
     async def head(self, key: str) -> ObjectMeta:
+        """See :meth:`AsyncObjectStore.head`."""
         check_key(key)
         client = await self.client()
         try:
@@ -262,6 +267,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return meta_from_head(key, response)
 
     async def put(self, key: str, data: bytes) -> ObjectMeta:
+        """See :meth:`AsyncObjectStore.put`."""
         check_key(key)
         client = await self.client()
         try:
@@ -292,6 +298,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return ObjectMeta(key=key, size=len(data), etag=response.get("ETag"))
 
     async def copy(self, src: str, dst: str) -> ObjectMeta:
+        """See :meth:`AsyncObjectStore.copy`."""
         check_key(src)
         check_key(dst)
         client = await self.client()
@@ -304,6 +311,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return meta_from_copy(dst, response)
 
     async def delete(self, key: str) -> None:
+        """See :meth:`AsyncObjectStore.delete`."""
         check_key(key)
         client = await self.client()
         try:
@@ -315,6 +323,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
             raise mapped from exc
 
     async def list(self, prefix: str) -> list[ObjectMeta]:
+        """See :meth:`AsyncObjectStore.list`."""
         check_key(prefix, allow_empty=True)
         client = await self.client()
         result: list[ObjectMeta] = []

@@ -55,6 +55,7 @@ class Tally:
 
 
 def batch(writer: str, seq: int, rows: int) -> pa.Table:
+    """``rows`` rows tagged with the writer and its append number."""
     return pa.table(
         {
             "writer": pa.array([writer] * rows, pa.string()),
@@ -84,6 +85,7 @@ def lancetx_append(
 
 
 def lancetx_writer(conn: TableConnection, name: str, appends: int, rows: int, tally: Tally) -> None:
+    """Append ``appends`` batches with lancetx, each commit the parent of the next."""
     parent: Parent | Committed | None = None
     for seq in range(appends):
         parent = lancetx_append(conn, batch(name, seq, rows), parent)
@@ -93,12 +95,14 @@ def lancetx_writer(conn: TableConnection, name: str, appends: int, rows: int, ta
 def pylance_writer(
     uri: str, options: dict[str, str], name: str, appends: int, rows: int, tally: Tally
 ) -> None:
+    """Append ``appends`` batches with pylance through the same ``s3+ddb://`` table."""
     for seq in range(appends):
         lance.write_dataset(batch(name, seq, rows), uri, mode="append", storage_options=options)
         tally.add(name, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo; returns 0 when the history is linear and every acknowledged row is present."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
         "--lancetx-writers", type=int, default=4, help="concurrent lancetx writer threads"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from lancetx.commit.versioning import LIBRARY_NAME, library_version, split_versi
 from lancetx.protos import file_pb2, rowids_pb2, table_pb2, transaction_pb2
 
 Txn = transaction_pb2.Transaction
-NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 VECTOR_DETAILS = "/lance.table.VectorIndexDetails"
 BTREE_DETAILS = "/lance.table.BTreeIndexDetails"
 
@@ -192,7 +192,7 @@ def test_new_version_resets_per_version_state_and_names_lancetx() -> None:
     assert m.version == 4
     assert m.tag == "release-1"
     assert m.transaction_file == f"3-{t.uuid}.txn"
-    assert m.timestamp.ToDatetime(tzinfo=timezone.utc) == NOW
+    assert m.timestamp.ToDatetime(tzinfo=UTC) == NOW
     assert m.writer_version.library == LIBRARY_NAME == "lancetx"
     assert m.writer_version.version == split_version(library_version())[0]
     assert not m.HasField("index_section")
@@ -772,7 +772,7 @@ def test_restore_takes_the_old_manifest_as_is() -> None:
     assert m.max_fragment_id == 9  # never regresses
     assert m.writer_version.version == "0.8.0"  # readers' workarounds key off it
     assert m.transaction_file == f"6-{t.uuid}.txn"
-    assert m.timestamp.ToDatetime(tzinfo=timezone.utc) == NOW
+    assert m.timestamp.ToDatetime(tzinfo=UTC) == NOW
     assert not m.HasField("index_section") and not m.HasField("inline_transaction_position")
     assert built.indices == old_indices
 
@@ -1158,7 +1158,7 @@ def _rebuild_all(uri: Path, enable_stable: bool) -> list[str]:
             version=version,
             transaction_file=mf.manifest.transaction_file,
             restore_source=restore_source,
-            now=mf.manifest.timestamp.ToDatetime(tzinfo=timezone.utc),
+            now=mf.manifest.timestamp.ToDatetime(tzinfo=UTC),
             enable_stable_row_ids=enable_stable and prev is None,
         )
         expected, got = table_pb2.Manifest(), table_pb2.Manifest()

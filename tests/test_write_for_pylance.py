@@ -617,9 +617,9 @@ def round_trip_data() -> pa.Table:
         "bin": [b"\x00\x01", None, b"z"],
         "day": [dt.date(2024, 1, 1), None, dt.date(1970, 1, 2)],
         "ts": [
-            dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc),
+            dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC),
             None,
-            dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
+            dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
         ],
         "dec": [Decimal("12.34"), None, Decimal("-0.01")],
         "ints": [[1, 2], [], None],
