@@ -33,10 +33,16 @@ from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
     InvalidCommitError,
+    ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
 )
-from lancetx.commit.handler import CommitHandler, ManifestLocation, VersionAlreadyExistsError
+from lancetx.commit.handler import (
+    CommitHandler,
+    CommitStateUnknownError,
+    ManifestLocation,
+    VersionAlreadyExistsError,
+)
 from lancetx.commit.manifest import (
     ManifestFile,
     check_writer_flags,
@@ -235,6 +241,18 @@ def commit_transaction(
         scheme = current.location.scheme if current is not None else options.naming
         try:
             location = handler.commit(base, next_version, data, scheme)
+        except CommitStateUnknownError as unknown:
+            if unknown.transaction_uuid == ours.uuid:
+                raise
+            # The handler knows its own token (a staged-manifest UUID), not ours: the
+            # caller must look for OUR transaction before retrying, or it commits twice.
+            raise CommitStateUnknownError(
+                uri,
+                next_version,
+                ours.uuid,
+                f"the claim of version {next_version} (staged-manifest token "
+                f"{unknown.transaction_uuid}) could not be settled; the chained error says why",
+            ) from unknown
         except VersionAlreadyExistsError:
             if options.expected_version is not None:
                 raise ExpectedVersionMismatchError(
@@ -306,7 +324,15 @@ def _restore_source(
 def _load_one(
     handler: CommitHandler, base: str, location: ManifestLocation
 ) -> tuple[int, Transaction, Parent]:
-    manifest = read_manifest_at(handler.store, location)
+    try:
+        manifest = read_manifest_at(handler.store, location)
+    except ObjectNotFoundError:
+        raise InvalidCommitError(
+            handler.store.uri(base),
+            f"the manifest of version {location.version} is gone ({location.key!r}; cleaned up?), "
+            "so concurrent commits cannot be checked against it; re-read the table at its "
+            "latest version and plan the transaction again",
+        ) from None
     pb = read_transaction_of(handler.store, base, manifest)
     if pb is None:
         raise InvalidCommitError(
@@ -330,10 +356,23 @@ def _load_one(
 def _load_newer(
     handler: CommitHandler, base: str, since: int
 ) -> list[tuple[int, Transaction, Parent]]:
-    """Versions committed after ``since``, with their transactions, loaded in parallel."""
+    """Versions committed after ``since``, with their transactions, loaded in parallel.
+
+    Raises InvalidCommitError when a version in between is missing (cleaned up,
+    or hidden by a stale listing): ours cannot be checked against it.
+    """
     locations = handler.list_versions(base, since)
     if not locations:
         return []
+    versions = [loc.version for loc in locations]
+    missing = sorted(set(range(since + 1, versions[-1] + 1)) - set(versions))
+    if missing:
+        raise InvalidCommitError(
+            handler.store.uri(base),
+            f"version(s) {missing} between {since} and {versions[-1]} cannot be found (cleaned "
+            "up, or not listed yet), so concurrent commits cannot be checked against them; "
+            "re-read the table at its latest version and plan the transaction again",
+        )
     with ThreadPoolExecutor(max_workers=min(LOAD_PARALLELISM, len(locations))) as pool:
         loaded = list(pool.map(lambda loc: _load_one(handler, base, loc), locations))
     return sorted(loaded, key=lambda item: item[0])
@@ -342,7 +381,15 @@ def _load_newer(
 def _load_committed(
     handler: CommitHandler, base: str, since: int, until: int
 ) -> list[tuple[int, Transaction]]:
-    return [(v, t) for v, t, _ in _load_newer(handler, base, since) if v <= until]
+    loaded = [(v, t) for v, t, _ in _load_newer(handler, base, since) if v <= until]
+    if len(loaded) < until - since:  # contiguous from since + 1, but short of ``until``
+        missing = list(range(since + 1 + len(loaded), until + 1))
+        raise InvalidCommitError(
+            handler.store.uri(base),
+            f"version(s) {missing} up to the parent {until} are not listed, so concurrent "
+            "commits cannot be checked against them; re-read the table and plan again",
+        )
+    return loaded
 
 
 def _read_fragments(

@@ -13,12 +13,19 @@ through an external manifest store (``lancetx.externalstore``).
 from __future__ import annotations
 
 from lancetx.commit.errors import (
+    LancetxError,
     ObjectExistsError,
     ObjectNotFoundError,
+    TransientObjectStoreError,
     UnsupportedOperationError,
     VersionNotFoundError,
 )
-from lancetx.commit.handler import CommitHandler, ManifestLocation, VersionAlreadyExistsError
+from lancetx.commit.handler import (
+    CommitHandler,
+    CommitStateUnknownError,
+    ManifestLocation,
+    VersionAlreadyExistsError,
+)
 from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
 from lancetx.commit.naming import NamingScheme, manifest_key
 from lancetx.commit.objectstore import ObjectStore
@@ -68,4 +75,41 @@ class ConditionalPutCommitHandler(CommitHandler):
             raise VersionAlreadyExistsError(
                 self.store.uri(base), version, winner=ManifestLocation(version, key, scheme)
             ) from None
+        except TransientObjectStoreError as unclear:
+            # The PUT may have been applied (5xx or timeout after sending): reporting
+            # this error would tell the caller "not committed", and a retry would
+            # commit the transaction twice. The object, if any, settles it.
+            return self._settle(base, version, key, scheme, manifest, unclear)
         return ManifestLocation(version, key, scheme, size=len(manifest), etag=meta.etag)
+
+    def _settle(
+        self,
+        base: str,
+        version: int,
+        key: str,
+        scheme: NamingScheme,
+        manifest: bytes,
+        unclear: TransientObjectStoreError,
+    ) -> ManifestLocation:
+        uri = self.store.uri(base)
+        try:
+            stored = self.store.get(key)
+        except ObjectNotFoundError:
+            stored = None
+        except LancetxError as exc:
+            raise CommitStateUnknownError(
+                uri,
+                version,
+                None,
+                f"PUT {key!r} failed ({unclear}) and reading it back failed ({exc})",
+            ) from exc
+        if stored == manifest:
+            return ManifestLocation(version, key, scheme, size=len(manifest))
+        if stored is not None:
+            raise VersionAlreadyExistsError(
+                uri, version, winner=ManifestLocation(version, key, scheme)
+            ) from unclear
+        # Absent now, but a delayed request may still create it.
+        raise CommitStateUnknownError(
+            uri, version, None, f"PUT {key!r} failed ({unclear}) and the object is absent for now"
+        ) from unclear

@@ -97,6 +97,10 @@ class ExternalStoreCommitHandler(CommitHandler):
             except ObjectNotFoundError:
                 continue
             location = ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+            if self.entries.latest(base) is None:
+                # Onboard first: backfilled entries alone would make the store's
+                # latest entry the newest version backfilled, not the table's.
+                self._onboard(base)
             self._backfill_from(base, location)
             return location
         raise VersionNotFoundError(
@@ -113,6 +117,12 @@ class ExternalStoreCommitHandler(CommitHandler):
         such a claim loses like any other. Stops at the first version that has
         an entry (or no manifest): three requests per version in between, and
         only when a pre-external-store version is read.
+
+        A version with no manifest below the store's latest entry was committed
+        and has been deleted since (cleanup; versions are contiguous): it is
+        recorded too, pointing at its (missing) final name, so that a writer
+        building on the version before it loses its claim instead of committing
+        a version below the latest, which no reader would ever see.
         """
         current = location
         while True:
@@ -136,24 +146,54 @@ class ExternalStoreCommitHandler(CommitHandler):
             try:
                 meta = self.store.head(following)
             except ObjectNotFoundError:
+                latest = self.entries.latest(base)
+                if latest is not None and latest.version > current.version + 1:
+                    deleted = ManifestEntry(
+                        base_uri=base,
+                        version=current.version + 1,
+                        path=following,
+                        committer=self.committer,
+                    )
+                    with contextlib.suppress(EntryExistsError):
+                        self.entries.put_if_not_exists(deleted)
                 return
             current = ManifestLocation(
                 current.version + 1, following, current.scheme, size=meta.size, etag=meta.etag
             )
 
     def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
-        """Committed versions after ``since``, from the external store; versions older
-        than its first entry (pre-onboarding history) come from the listing."""
+        """Committed versions after ``since``, from the external store; versions
+        without an entry (pre-onboarding history) come from the listing, and those
+        a stale listing misses from a HEAD of their name (reads of one key are
+        consistent where listings are not)."""
         table = self._table(base)
         found = [location_of(table, e) for e in self.entries.list_entries(base, since)]
-        if not found or found[0].version > since + 1:
-            first = found[0].version if found else None
+        have = {loc.version for loc in found}
+        top = found[-1].version if found else None
+        if top is None or len(have) < top - since:
             older = [
                 loc
                 for loc in list_manifest_locations(self.store, base)
-                if loc.version > since and (first is None or loc.version < first)
+                if loc.version > since
+                and loc.version not in have
+                and (top is None or loc.version < top)
             ]
-            found = older + found
+            have |= {loc.version for loc in older}
+            found = sorted(found + older, key=lambda loc: loc.version)
+            if top is not None:
+                scheme = found[-1].scheme
+                for version in range(since + 1, top):
+                    if version in have:
+                        continue
+                    key = manifest_key(base, version, scheme)
+                    try:
+                        meta = self.store.head(key)
+                    except ObjectNotFoundError:
+                        continue  # deleted: the caller sees the gap
+                    found.append(
+                        ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+                    )
+                found.sort(key=lambda loc: loc.version)
         return found
 
     def commit(

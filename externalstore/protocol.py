@@ -85,7 +85,7 @@ class UntrustedManifestPathError(ManifestPointerError):
             f"refusing to follow the external-store entry for version {version} of {base_uri!r}: "
             f"its path {path!r} is not a manifest of version {version} under {expected_prefix!r}. "
             "The entry was written by something other than Lance/lancetx or for another table; "
-            "inspect it with `lancetx-sync status` and repair or delete it"
+            "inspect the item in the DynamoDB table and repair or delete it"
         )
 
 
@@ -100,8 +100,9 @@ class ManifestMissingError(ManifestPointerError):
         super().__init__(
             f"version {version} of {base_uri!r} is committed in the external store but neither its "
             f"staged manifest {staged!r} nor its final manifest {final!r} exists; refusing to load. "
-            "Restore the object from a backup or bucket versioning, or remove the entry with "
-            "`lancetx-sync repair` after checking no data depends on it"
+            "Restore the object from a backup or bucket versioning (copy it to the final name), "
+            "or, after checking no data depends on it, delete the item of this version from "
+            "the DynamoDB table"
         )
 
 
@@ -281,6 +282,19 @@ def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> S
         except AmbiguousWriteError as unclear:
             last_error = unclear
             existing = None
+        except LancetxError as exc:
+            if last_error is None:
+                raise
+            # An earlier attempt may still land (a delayed request), whatever the
+            # claim sent again says: only a win or a loss to another writer is
+            # an answer.
+            raise CommitStateUnknownError(
+                table.base_uri,
+                entry.version,
+                entry.commit_token,
+                f"the conditional write to the external store was ambiguous ({last_error}) and "
+                f"sending it again failed ({exc}); staged manifest {entry.path!r} was kept",
+            ) from exc
         try:
             if existing is None:
                 existing = yield from _get_or_none(table, entry.version)
@@ -289,7 +303,9 @@ def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> S
                     # entry vanished). Claiming again is safe: the token makes our own
                     # landing recognizable.
                     continue
-            owner = yield from _ownership(existing, entry, final, manifest)
+            owner = yield from _ownership(
+                existing, entry, final, manifest, may_be_ours=last_error is not None
+            )
         except LancetxError as exc:
             if last_error is None:
                 raise
@@ -318,11 +334,19 @@ def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> S
 
 
 def _ownership(
-    existing: ManifestEntry, ours: ManifestEntry, final: str, manifest: bytes
+    existing: ManifestEntry,
+    ours: ManifestEntry,
+    final: str,
+    manifest: bytes,
+    *,
+    may_be_ours: bool,
 ) -> Steps[Ownership]:
     owner = ownership_of(existing, ours)
     if owner is not Ownership.UNKNOWN:
         return owner
+    if not may_be_ours:
+        # Every attempt of ours got a definite answer: none of them wrote the item.
+        return Ownership.THEIRS
     # A final path without a token: a finalizer that does not keep tokens (pylance)
     # rewrote the entry. Ours iff the final object holds our bytes. ETags cannot
     # tell: SSE-KMS, local disks and some S3-compatible stores give a copy an ETag
@@ -416,7 +440,9 @@ def _best_effort_delete(key: str) -> Steps[None]:
         yield DeleteObject(key)
     except LancetxError as exc:
         log.warning(
-            "could not delete staged manifest %s (%s); `lancetx-sync gc` removes it", key, exc
+            "could not delete staged manifest %s (%s); it is unreferenced and safe to delete",
+            key,
+            exc,
         )
 
 
