@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 
 from lancetx.commit.builder import build_manifest
 from lancetx.commit.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
+from lancetx.commit.deletion import deletion_file_key
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
     InvalidCommitError,
+    LancetxError,
     ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
@@ -49,7 +51,8 @@ from lancetx.commit.manifest import (
     encode_manifest,
     read_manifest_at,
 )
-from lancetx.commit.naming import NamingScheme
+from lancetx.commit.naming import NamingScheme, transaction_key
+from lancetx.commit.objectstore import ObjectStore
 from lancetx.commit.operations import (
     COMMIT_MESSAGE_KEY,
     FRAG_REUSE_INDEX_NAME,
@@ -58,7 +61,11 @@ from lancetx.commit.operations import (
     Transaction,
 )
 from lancetx.commit.rebase import rebase_transaction
-from lancetx.commit.transaction_file import read_transaction_of, write_transaction_file
+from lancetx.commit.transaction_file import (
+    read_transaction_of,
+    transaction_file_name,
+    write_transaction_file,
+)
 from lancetx.protos import table_pb2
 
 log = logging.getLogger(__name__)
@@ -195,12 +202,44 @@ def commit_transaction(
     if current is not None and ours.read_version > 0:
         read_fragments = _read_fragments(handler, base, ours, current)
 
+    # Objects this commit wrote that no committed version references yet: removed
+    # when the commit fails (or they were superseded by a rebase), so a refused or
+    # conflicting transaction leaves nothing behind. Never after an unknown outcome.
+    written: list[str] = []
+    try:
+        committed = _attempts(
+            handler, base, ours, current, pending, read_fragments, restore_source, options, written
+        )
+    except CommitStateUnknownError:
+        raise
+    except LancetxError:
+        _discard(store, written)
+        raise
+    _discard(store, [k for k in written if k not in _referenced(base, committed.transaction)])
+    return committed
+
+
+def _attempts(
+    handler: CommitHandler,
+    base: str,
+    ours: Transaction,
+    current: Parent | None,
+    pending: list[tuple[int, Transaction]],
+    read_fragments: dict[int, table_pb2.DataFragment],
+    restore_source: tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None,
+    options: CommitOptions,
+    written: list[str],
+) -> Committed:
+    """The retry loop of :func:`commit_transaction`; records what it writes in ``written``."""
+    store = handler.store
+    uri = store.uri(base)
     policy = options.retry
     next_version = 1
-    txn_bytes, txn_file = b"", ""
+    txn_bytes = b""
     for attempt in range(1, policy.max_attempts + 1):
         if pending and current is not None:
             rebased = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
+            written.extend(_new_deletion_files(base, ours, rebased))
             if rebased.read_version != ours.read_version:
                 # Rebased onto ``current``: that is now what ours read. A later
                 # rebase must diff against it, or the rows the winners deleted
@@ -220,17 +259,18 @@ def commit_transaction(
         next_version = current.version + 1 if current is not None else 1
         started = time.perf_counter()
         txn_pb = ours.to_proto()
-        if txn_pb.SerializeToString() != txn_bytes:  # unchanged after a compatible loss: reuse it
-            txn_file = write_transaction_file(store, base, txn_pb)
-            txn_bytes = txn_pb.SerializeToString()
+        # Build first: a transaction the builder refuses must leave nothing behind.
         built = build_manifest(
             current.manifest.manifest if current is not None else None,
             (current.manifest.indices or []) if current is not None else [],
             txn_pb,
             version=next_version,
-            transaction_file=txn_file,
+            transaction_file=transaction_file_name(txn_pb),
             restore_source=restore_source,
         )
+        if txn_pb.SerializeToString() != txn_bytes:  # unchanged after a compatible loss: reuse it
+            written.append(transaction_key(base, write_transaction_file(store, base, txn_pb)))
+            txn_bytes = txn_pb.SerializeToString()
         # Lance writes an index section only when there are indices.
         indices = list(built.indices) or None
         data = encode_manifest(
@@ -281,6 +321,35 @@ def commit_transaction(
 
 
 # --------------------------------------------------------------------------- pieces
+
+
+def _new_deletion_files(base: str, before: Transaction, after: Transaction) -> list[str]:
+    """Keys of deletion files ``after`` references that ``before`` did not (a rebase wrote them)."""
+    return sorted(_deletion_keys(base, after) - _deletion_keys(base, before))
+
+
+def _deletion_keys(base: str, txn: Transaction) -> set[str]:
+    fragments = getattr(txn.operation, "updated_fragments", ())
+    return {
+        deletion_file_key(base, f.id, f.deletion_file)
+        for f in fragments
+        if f.HasField("deletion_file")
+    }
+
+
+def _referenced(base: str, txn: Transaction) -> set[str]:
+    """The objects a committed transaction refers to among those a commit writes."""
+    return {transaction_key(base, transaction_file_name(txn.to_proto()))} | _deletion_keys(
+        base, txn
+    )
+
+
+def _discard(store: ObjectStore, keys: Sequence[str]) -> None:
+    for key in keys:
+        try:
+            store.delete(key)
+        except LancetxError as exc:  # an orphan is harmless: nothing references it
+            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)
 
 
 def _as_parent(parent: Parent | Committed) -> Parent:

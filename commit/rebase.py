@@ -118,11 +118,13 @@ def _merge(
     latest_by_id: Mapping[int, DataFragment],
     latest_version: int,
 ) -> tuple[tuple[DataFragment, ...], tuple[int, ...]]:
-    updated: list[DataFragment] = []
+    # Every fragment is merged and checked before anything is written, so an
+    # overlap found on a later fragment leaves no deletion file behind.
+    plan: list[tuple[DataFragment, DataFragment | None, BitMap]] = []
     emptied: list[int] = []
     for fragment in ours:
         if fragment.id not in fragment_ids:
-            updated.append(fragment)
+            plan.append((fragment, None, BitMap()))
             continue
         current = latest_by_id.get(fragment.id)
         if current is None:
@@ -140,6 +142,12 @@ def _merge(
         merged = theirs | affected
         if len(merged) >= current.physical_rows > 0:
             emptied.append(fragment.id)
+            continue
+        plan.append((fragment, current, merged))
+    updated: list[DataFragment] = []
+    for fragment, current, merged in plan:
+        if current is None:
+            updated.append(fragment)
             continue
         rebased = DataFragment()
         rebased.CopyFrom(current)
