@@ -12,7 +12,7 @@ both V1 and V2 names is refused, as Lance refuses it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from lancetx.commit import naming
 from lancetx.commit.errors import FormatError
@@ -46,7 +46,9 @@ def versions_prefix(base: str) -> str:
     return naming.join(base, naming.VERSIONS_DIR) + "/"
 
 
-def _location(prefix: str, meta: ObjectMeta) -> ManifestLocation | None:
+def manifest_location(prefix: str, meta: ObjectMeta) -> ManifestLocation | None:
+    """The final manifest a listed object under ``prefix`` (a ``_versions/`` prefix) is,
+    or None if it is anything else (staged, detached, in a subfolder, not a manifest)."""
     if not meta.key.startswith(prefix):
         return None
     name = meta.key[len(prefix) :]
@@ -64,17 +66,53 @@ def _location(prefix: str, meta: ObjectMeta) -> ManifestLocation | None:
 def iter_manifest_locations(store: ObjectStore, base: str) -> Iterator[ManifestLocation]:
     """Final manifests under ``base`` in the store's listing order (unchecked for mixing)."""
     prefix = versions_prefix(base)
-    for meta in store.list(prefix):
-        location = _location(prefix, meta)
+    yield from manifest_locations(prefix, store.list(prefix))
+
+
+def manifest_locations(prefix: str, listing: Iterable[ObjectMeta]) -> Iterator[ManifestLocation]:
+    """The final manifests in ``listing`` (of ``prefix``), lazily, in listing order."""
+    for meta in listing:
+        location = manifest_location(prefix, meta)
         if location is not None:
             yield location
 
 
-def _check_same_scheme(
-    store: ObjectStore, base: str, first: ManifestLocation, other: ManifestLocation
-) -> None:
+def _check_same_scheme(path: str, first: ManifestLocation, other: ManifestLocation) -> None:
     if other.scheme is not first.scheme:
-        raise MixedNamingSchemesError(store.uri(versions_prefix(base)), first, other)
+        raise MixedNamingSchemesError(path, first, other)
+
+
+def ascending_locations(locations: Iterable[ManifestLocation], path: str) -> list[ManifestLocation]:
+    """``locations`` sorted by version; MixedNamingSchemesError (naming ``path``, the
+    listed prefix's URI) if V1 and V2 names are mixed."""
+    ordered = list(locations)
+    for location in ordered[1:]:
+        _check_same_scheme(path, ordered[0], location)
+    ordered.sort(key=lambda loc: loc.version)
+    return ordered
+
+
+def newest_location(
+    locations: Iterable[ManifestLocation], path: str, *, lexically_ordered: bool
+) -> ManifestLocation | None:
+    """The newest of ``locations`` (in listing order), consuming them lazily.
+
+    With ``lexically_ordered`` and a first location that is V2, that first one
+    is the newest (V2 names sort newest first) and nothing more is consumed.
+    MixedNamingSchemesError (naming ``path``) if V1 and V2 names are mixed.
+    """
+    remaining = iter(locations)
+    first = next(remaining, None)
+    if first is None:
+        return None
+    if lexically_ordered and first.scheme is NamingScheme.V2:
+        return first
+    latest = first
+    for location in remaining:
+        _check_same_scheme(path, first, location)
+        if location.version > latest.version:
+            latest = location
+    return latest
 
 
 def list_manifest_locations(store: ObjectStore, base: str) -> list[ManifestLocation]:
@@ -82,11 +120,9 @@ def list_manifest_locations(store: ObjectStore, base: str) -> list[ManifestLocat
 
     Raises MixedNamingSchemesError if V1 and V2 names are mixed.
     """
-    locations = list(iter_manifest_locations(store, base))
-    for location in locations[1:]:
-        _check_same_scheme(store, base, locations[0], location)
-    locations.sort(key=lambda loc: loc.version)
-    return locations
+    return ascending_locations(
+        iter_manifest_locations(store, base), store.uri(versions_prefix(base))
+    )
 
 
 def latest_manifest_location(store: ObjectStore, base: str) -> ManifestLocation | None:
@@ -96,18 +132,11 @@ def latest_manifest_location(store: ObjectStore, base: str) -> ManifestLocation 
     entry is the newest (V2 names sort newest first) and the listing stops
     there, as in Lance. Otherwise every entry is listed and the maximum taken.
     """
-    entries = iter_manifest_locations(store, base)
-    first = next(entries, None)
-    if first is None:
-        return None
-    if store.capabilities.lexically_ordered_list and first.scheme is NamingScheme.V2:
-        return first
-    latest = first
-    for location in entries:
-        _check_same_scheme(store, base, first, location)
-        if location.version > latest.version:
-            latest = location
-    return latest
+    return newest_location(
+        iter_manifest_locations(store, base),
+        store.uri(versions_prefix(base)),
+        lexically_ordered=store.capabilities.lexically_ordered_list,
+    )
 
 
 def detect_table_scheme(store: ObjectStore, base: str) -> NamingScheme | None:
@@ -121,9 +150,13 @@ def detect_table_scheme(store: ObjectStore, base: str) -> NamingScheme | None:
 
 __all__ = [
     "MixedNamingSchemesError",
+    "ascending_locations",
     "detect_table_scheme",
     "iter_manifest_locations",
     "latest_manifest_location",
     "list_manifest_locations",
+    "manifest_location",
+    "manifest_locations",
+    "newest_location",
     "versions_prefix",
 ]

@@ -8,6 +8,12 @@ I/O themselves, so one implementation is driven by both the boto3 driver
 (:func:`run`) and the aioboto3 driver (:func:`run_async`) — h11's sans-IO idea —
 and by the in-memory stores in fault-injection tests.
 
+The steps also cover history the external store does not hold yet — a table
+written before it was used (onboarding, probing past a stale listing),
+versions read from before that (found by HEAD, then recorded so that no claim
+can overwrite them), and listing such versions — so the handlers in
+:mod:`lancetx.externalstore.commit_handler` only build steps and drive them.
+
 Invariants the steps keep (each one closes a failure seen in a peer system,
 see ``shared/reference/peer-systems.md`` §5):
 
@@ -25,17 +31,25 @@ see ``shared/reference/peer-systems.md`` §5):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from lancetx.commit.errors import LancetxError, ObjectNotFoundError
+from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.handler import (
     CommitStateUnknownError,
     ManifestLocation,
     VersionAlreadyExistsError,
+)
+from lancetx.commit.listing import (
+    ascending_locations,
+    manifest_location,
+    manifest_locations,
+    newest_location,
+    versions_prefix,
 )
 from lancetx.commit.naming import (
     VERSIONS_DIR,
@@ -46,7 +60,7 @@ from lancetx.commit.naming import (
     parse_staged_name,
     staged_manifest_key,
 )
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore
+from lancetx.commit.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 from lancetx.commit.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
@@ -55,16 +69,29 @@ from lancetx.externalstore.base import (
     Ownership,
     ownership_of,
 )
-from lancetx.externalstore.errors import AmbiguousWriteError, EntryExistsError, EntryNotFoundError
+from lancetx.externalstore.errors import (
+    AccessDeniedError,
+    AmbiguousWriteError,
+    EntryExistsError,
+    EntryNotFoundError,
+    InvalidRequestError,
+    TableNotFoundError,
+    TableSchemaError,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Claim errors that prove the request was not applied (so our staged object is garbage).
+_REFUSED = (AccessDeniedError, InvalidRequestError, TableNotFoundError, TableSchemaError)
+
 #: What lancetx writes in the ``committer`` attribute.
 COMMITTER = "lancetx"
 #: Attempts at claiming a version whose outcome stays ambiguous before giving up.
 CLAIM_ATTEMPTS = 3
+#: How far past a (possibly stale) listing onboarding probes with HEAD.
+ONBOARD_PROBE_LIMIT = 1000
 
 
 # ----------------------------------------------------------------------------- errors
@@ -190,18 +217,52 @@ class LatestEntry:
     base_uri: str
 
 
+@dataclass(frozen=True)
+class ListObjects:
+    """The objects under ``prefix`` in the store's listing order (result: list[ObjectMeta]).
+
+    With ``until``, the listing ends after the first object for which it is
+    true, and a driver stops fetching pages there (Lance's shortcut: on a
+    lexically ordered store the first V2 manifest listed is the newest).
+    """
+
+    prefix: str
+    until: Callable[[ObjectMeta], bool] | None = None
+
+
+@dataclass(frozen=True)
+class ListEntries:
+    """Consistent read of the entries with ``version > since``, ascending
+    (result: list[ManifestEntry])."""
+
+    base_uri: str
+    since: int = 0
+
+
 Effect = (
     PutObject
     | CopyObject
     | GetObject
     | HeadObject
     | DeleteObject
+    | ListObjects
     | ClaimEntry
     | FlipEntry
     | GetEntry
     | LatestEntry
+    | ListEntries
 )
 Steps = Generator[Effect, Any, T]
+
+
+class StoreInfo(Protocol):
+    """What the steps may know of an object store without I/O: its capabilities and
+    the URI of a key (for messages). Both ``ObjectStore`` and ``AsyncObjectStore`` are."""
+
+    @property
+    def capabilities(self) -> StoreCapabilities: ...
+
+    def uri(self, key: str) -> str: ...
 
 
 # ------------------------------------------------------------------------ the steps
@@ -284,6 +345,11 @@ def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> S
             existing = None
         except LancetxError as exc:
             if last_error is None:
+                if isinstance(exc, _REFUSED):
+                    # The service refused the request outright (permissions, missing
+                    # table, malformed item): it cannot have landed, so the staged
+                    # manifest can never be committed.
+                    yield from _best_effort_delete(entry.path)
                 raise
             # An earlier attempt may still land (a delayed request), whatever the
             # claim sent again says: only a win or a loss to another writer is
@@ -427,6 +493,216 @@ def resolve_steps(table: Table, version: int | None = None) -> Steps[ManifestLoc
     return _location(entry, scheme_of(table, entry))
 
 
+# --------------------------------------------------------- history outside the store
+#
+# A table may have manifests the external store has no entry for: versions
+# written before the table used it (by plain pylance, or by lancetx on a store
+# with conditional PUT). The steps below open such history through the object
+# store and record what a writer could otherwise claim over.
+
+
+def resolve_latest_steps(
+    table: Table, store: StoreInfo, *, committer: str = COMMITTER
+) -> Steps[ManifestLocation | None]:
+    """The newest version: one consistent read, finalizing it if staged.
+
+    A table with no entries is onboarded (:func:`onboard_steps`): it is not
+    empty, and a caller told "no version" would commit version 1 over the
+    existing one.
+    """
+    location = yield from resolve_steps(table)
+    if location is not None:
+        return location
+    return (yield from onboard_steps(table, store, committer=committer))
+
+
+def onboard_steps(
+    table: Table, store: StoreInfo, *, committer: str = COMMITTER
+) -> Steps[ManifestLocation | None]:
+    """Record the newest manifest of a table without entries; None if it has none.
+
+    The newest manifest is found by listing, confirmed by probing the next
+    names with HEAD (a stale listing must not hide a newer version; reads of
+    one key are consistent where listings are not), and inserted so that every
+    later commit is claimed in the external store. Losing that insert is fine:
+    another process onboarded the table, or committed meanwhile.
+    """
+    prefix = versions_prefix(table.base_key)
+    lexically_ordered = store.capabilities.lexically_ordered_list
+    listed: list[ObjectMeta] = yield ListObjects(
+        prefix, until=_is_v2_manifest(prefix) if lexically_ordered else None
+    )
+    latest = newest_location(
+        manifest_locations(prefix, listed), store.uri(prefix), lexically_ordered=lexically_ordered
+    )
+    if latest is None:
+        return None
+    latest = yield from _probe_newer(table, latest)
+    try:
+        yield ClaimEntry(_entry_of(table, latest, committer))
+        log.info(
+            "onboarded %s at version %d into the external store",
+            store.uri(table.base_key),
+            latest.version,
+        )
+    except EntryExistsError:
+        pass  # another process onboarded it, or committed meanwhile: both fine
+    return latest
+
+
+def _is_v2_manifest(prefix: str) -> Callable[[ObjectMeta], bool]:
+    def until(meta: ObjectMeta) -> bool:
+        location = manifest_location(prefix, meta)
+        return location is not None and location.scheme is NamingScheme.V2
+
+    return until
+
+
+def _probe_newer(table: Table, latest: ManifestLocation) -> Steps[ManifestLocation]:
+    """HEAD the names after ``latest`` until one is missing."""
+    current = latest
+    for _ in range(ONBOARD_PROBE_LIMIT):
+        following = yield from _head_location(table, current.version + 1, current.scheme)
+        if following is None:
+            return current
+        current = following
+    return current
+
+
+def resolve_version_steps(
+    table: Table, version: int, store: StoreInfo, *, committer: str = COMMITTER
+) -> Steps[ManifestLocation]:
+    """``version``'s manifest, finalizing it if staged.
+
+    A version without an entry, committed before the table used the external
+    store, is found by a HEAD of its name (V2, then V1) and recorded with the
+    versions after it (:func:`backfill_steps`); a table without entries is
+    onboarded first. Raises VersionNotFoundError if there is no such manifest.
+    """
+    location = yield from resolve_steps(table, version)
+    if location is not None:
+        return location
+    for scheme in (NamingScheme.V2, NamingScheme.V1):
+        found = yield from _head_location(table, version, scheme)
+        if found is None:
+            continue
+        latest: ManifestEntry | None = yield LatestEntry(table.base_uri)
+        if latest is None:
+            # Onboard first: backfilled entries alone would make the store's
+            # latest entry the newest version backfilled, not the table's.
+            yield from onboard_steps(table, store, committer=committer)
+        yield from backfill_steps(table, found, committer=committer)
+        return found
+    raise VersionNotFoundError(
+        store.uri(table.base_key), version, "no external-store entry and no manifest"
+    )
+
+
+def backfill_steps(
+    table: Table, location: ManifestLocation, *, committer: str = COMMITTER
+) -> Steps[None]:
+    """Record ``location`` and the versions after it that exist only in the object store.
+
+    Versions written before the table used the external store have no entry,
+    so nothing stops a claim on them: a writer building on ``location`` would
+    claim the next version and, if that one predates the store too, its copy
+    would overwrite that version's manifest. Recorded, such a claim loses like
+    any other. Stops at the first version that has an entry (or no manifest):
+    three requests per version in between, and only when a pre-external-store
+    version is read.
+
+    A version with no manifest below the store's latest entry was committed and
+    has been deleted since (cleanup; versions are contiguous): it is recorded
+    too, pointing at its (missing) final name, so that a writer building on the
+    version before it loses its claim instead of committing a version below the
+    latest, which no reader would ever see.
+    """
+    current = location
+    while True:
+        try:
+            yield ClaimEntry(_entry_of(table, current, committer))
+        except EntryExistsError:
+            return
+        following_entry = yield from _get_or_none(table, current.version + 1)
+        if following_entry is not None:
+            return  # the external store takes over from here
+        following = yield from _head_location(table, current.version + 1, current.scheme)
+        if following is None:
+            latest: ManifestEntry | None = yield LatestEntry(table.base_uri)
+            if latest is not None and latest.version > current.version + 1:
+                deleted = ManifestEntry(
+                    base_uri=table.base_uri,
+                    version=current.version + 1,
+                    path=manifest_key(table.base_key, current.version + 1, current.scheme),
+                    committer=committer,
+                )
+                with contextlib.suppress(EntryExistsError):
+                    yield ClaimEntry(deleted)
+            return
+        current = following
+
+
+def list_versions_steps(
+    table: Table, since: int, store: StoreInfo
+) -> Steps[list[ManifestLocation]]:
+    """Committed versions after ``since``, ascending, from the external store (one Query).
+
+    Versions without an entry (pre-onboarding history) come from the listing,
+    and those a stale listing misses from a HEAD of their name (reads of one
+    key are consistent where listings are not); a deleted one stays a gap for
+    the caller to see. Nothing is listed when the entries leave no gap.
+    """
+    entries: list[ManifestEntry] = yield ListEntries(table.base_uri, since)
+    found = [location_of(table, e) for e in entries]
+    have = {loc.version for loc in found}
+    top = found[-1].version if found else None
+    if top is not None and len(have) >= top - since:
+        return found
+    prefix = versions_prefix(table.base_key)
+    listed: list[ObjectMeta] = yield ListObjects(prefix)
+    older = [
+        loc
+        for loc in ascending_locations(manifest_locations(prefix, listed), store.uri(prefix))
+        if loc.version > since and loc.version not in have and (top is None or loc.version < top)
+    ]
+    have |= {loc.version for loc in older}
+    found = sorted(found + older, key=lambda loc: loc.version)
+    if top is not None:
+        scheme = found[-1].scheme
+        for version in range(since + 1, top):
+            if version in have:
+                continue
+            location = yield from _head_location(table, version, scheme)
+            if location is not None:  # else deleted: the caller sees the gap
+                found.append(location)
+        found.sort(key=lambda loc: loc.version)
+    return found
+
+
+def _head_location(
+    table: Table, version: int, scheme: NamingScheme
+) -> Steps[ManifestLocation | None]:
+    """The final manifest of ``version`` by a HEAD of its name; None if absent."""
+    key = manifest_key(table.base_key, version, scheme)
+    try:
+        meta: ObjectMeta = yield HeadObject(key)
+    except ObjectNotFoundError:
+        return None
+    return ManifestLocation(version, key, scheme, size=meta.size, etag=meta.etag)
+
+
+def _entry_of(table: Table, location: ManifestLocation, committer: str) -> ManifestEntry:
+    """An entry recording a final manifest found in the object store (no token:
+    its path is the same pointer whoever records it)."""
+    return ManifestEntry(
+        base_uri=table.base_uri,
+        version=location.version,
+        path=location.key,
+        size=location.size,
+        committer=committer,
+    )
+
+
 def _get_or_none(table: Table, version: int) -> Steps[ManifestEntry | None]:
     try:
         entry: ManifestEntry = yield GetEntry(table.base_uri, version)
@@ -525,10 +801,12 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
         GetObject: lambda e: store.get(e.key),
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
+        ListObjects: lambda e: _listing(store.list(e.prefix), e.until),
         ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
         LatestEntry: lambda e: entries.latest(e.base_uri),
+        ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
     }
     result: Any = None
     error: LancetxError | None = None
@@ -553,10 +831,12 @@ async def run_async(
         GetObject: lambda e: store.get(e.key),
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
+        ListObjects: lambda e: _listing_async(store, e),
         ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
         LatestEntry: lambda e: entries.latest(e.base_uri),
+        ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
     }
     result: Any = None
     error: LancetxError | None = None
@@ -569,3 +849,20 @@ async def run_async(
             result, error = await handlers[type(effect)](effect), None
         except LancetxError as exc:
             result, error = None, exc
+
+
+def _listing(
+    listing: Iterable[ObjectMeta], until: Callable[[ObjectMeta], bool] | None
+) -> list[ObjectMeta]:
+    """``listing`` up to and including the first object ``until`` accepts; a lazy
+    listing fetches no page past it."""
+    taken: list[ObjectMeta] = []
+    for meta in listing:
+        taken.append(meta)
+        if until is not None and until(meta):
+            break
+    return taken
+
+
+async def _listing_async(store: AsyncObjectStore, effect: ListObjects) -> list[ObjectMeta]:
+    return _listing(await store.list(effect.prefix), effect.until)

@@ -185,10 +185,17 @@ class FirstAttemptFaults:
             return None
         if r.service == "dynamodb" and r.target == "PutItem" and self.ddb_table in r.body:
             identity = hashlib.sha256(r.body).hexdigest()
-            if not self._pick(identity):
-                return None
             claim = b"attribute_not_exists" in r.body
-            if claim and int(identity, 16) % 4 == 0:
+            with self.lock:
+                # The first claim always lands-then-fails, so the ambiguous path is
+                # exercised on every run, not only when the hashes happen to pick it.
+                first_claim = claim and self.fired["landed-500"] == 0 and identity not in self.seen
+            if not first_claim and not self._pick(identity):
+                return None
+            if first_claim:
+                with self.lock:
+                    self.seen.add(identity)
+            if claim and (first_claim or int(identity, 16) % 4 == 0):
                 self._count("landed-500")  # lands, but the client sees a 500
                 return _ddb_error("InternalServerError", 500, after_forwarding=True)
             self._count("throttled")
