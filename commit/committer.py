@@ -5,8 +5,9 @@ One attempt (Lance's ``commit_transaction``, read top to bottom):
 1. Classify ours against every transaction committed after its read version
    (loaded in parallel, judged in version order). Incompatible or retryable →
    a typed error, nothing written. Rebasable → merge (``commit.rebase``).
-2. Write our transaction file, build the next manifest from the latest one,
-   encode it with the transaction inline.
+2. Build the next manifest from the latest one (a transaction the builder
+   refuses writes nothing), write our transaction file, encode the manifest
+   with the transaction inline.
 3. Ask the handler to claim ``latest + 1``. Won → done. Lost → the handler
    names the winner; load what was committed since our latest, and go to 1.
 
@@ -296,7 +297,7 @@ def _attempts(
         except VersionAlreadyExistsError:
             if options.expected_version is not None:
                 raise ExpectedVersionMismatchError(
-                    uri, options.expected_version, next_version
+                    uri, options.expected_version, _latest_version(handler, base, next_version)
                 ) from None
             log.debug("lost version %d of %s (attempt %d)", next_version, uri, attempt)
             slot = time.perf_counter() - started
@@ -321,6 +322,15 @@ def _attempts(
 
 
 # --------------------------------------------------------------------------- pieces
+
+
+def _latest_version(handler: CommitHandler, base: str, at_least: int) -> int:
+    """The table's latest version for an error message (``at_least`` if it cannot be read)."""
+    try:
+        latest = handler.resolve_latest(base)
+    except LancetxError:
+        return at_least
+    return max(latest.version, at_least) if latest is not None else at_least
 
 
 def _new_deletion_files(base: str, before: Transaction, after: Transaction) -> list[str]:

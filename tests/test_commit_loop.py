@@ -123,6 +123,21 @@ def test_strict_commit_holding_a_stale_parent_does_not_rebase(table: EngineTable
     assert table.commit(ours, parent=read).version == 4
 
 
+def test_strict_mismatch_reports_the_latest_version_not_the_one_tried(
+    table: EngineTable,
+) -> None:
+    """Holding v2 while the table moved to v4, a strict commit loses v3; the error
+    says where the table actually is, so the caller re-reads the right version."""
+    read = table.latest()
+    ours = append_transaction(table, rows(300, 5), read)
+    lancetx_append(table, rows(100, 5))  # v3
+    lancetx_append(table, rows(200, 5))  # v4
+    with pytest.raises(ExpectedVersionMismatchError) as info:
+        table.commit(ours, parent=read, options=CommitOptions(expected_version=2))
+    assert (info.value.expected, info.value.actual) == (2, 4)
+    assert table.versions() == [1, 2, 3, 4]
+
+
 def test_strict_commit_at_the_right_version_lands(table: EngineTable) -> None:
     read = table.latest()
     committed = table.commit(
