@@ -15,10 +15,10 @@ length as ``file_size - position - 4 - 16`` and check it against the prefix.
 ``transaction_section = 21``; pylance 14 renamed that field
 ``transaction_section_deprecated`` and writes the position in field **23**
 (measured: every pylance 14.0.2 manifest carries field 23 and never 21; pylance
-14 reads either). Our generated ``table_pb2`` may know the field under either
-number, so this module handles both positions on the wire, by field number:
-it writes field 23 like pylance 14, reads 23 first and falls back to 21, and
-keeps both out of :attr:`ManifestFile.manifest` (the position is reported as
+14 reads either). Our ``table.proto`` declares both (21 ``transaction_section``,
+23 ``inline_transaction_position``): this module writes 23 like pylance 14,
+reads 23 first and falls back to 21, and keeps both out of
+:attr:`ManifestFile.manifest` (the position is reported as
 :attr:`ManifestFile.transaction_position`, valid only for the bytes it came from).
 """
 
@@ -41,11 +41,6 @@ FOOTER_SIZE = 16
 FOOTER_VERSION = (0, 2)
 #: Bytes fetched by the first (and usually only) read of a manifest, as Lance does.
 PREFETCH_SIZE = 64 * 1024
-
-#: Manifest field carrying the inline transaction's position as pylance 14 writes it.
-TRANSACTION_SECTION_FIELD = 23
-#: The same position as Lance 1.0.0-beta wrote it (pylance 14 still reads it).
-LEGACY_TRANSACTION_SECTION_FIELD = 21
 
 _LEN = struct.Struct("<I")
 _FOOTER = struct.Struct("<qhh4s")
@@ -112,87 +107,23 @@ def check_writer_flags(manifest: table_pb2.Manifest, path: str) -> None:
     _check_flags(manifest.writer_feature_flags, WRITER_FLAGS, path, "writer")
 
 
-# --------------------------------------------------------------- protobuf wire
+# ------------------------------------------------------ transaction position
 
 
-def _read_varint(data: bytes, i: int, end: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if i >= end or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, i
-        shift += 7
+def _clear_positions(manifest: table_pb2.Manifest) -> None:
+    # Offsets into the file a manifest came from; meaningless anywhere else.
+    manifest.ClearField("index_section")
+    manifest.ClearField("transaction_section")
+    manifest.ClearField("inline_transaction_position")
 
 
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _top_level_fields(data: bytes) -> list[tuple[int, int, int, int | None]]:
-    """``(field_number, start, end, varint_value)`` of each top-level field."""
-    fields: list[tuple[int, int, int, int | None]] = []
-    i, end = 0, len(data)
-    while i < end:
-        start = i
-        key, i = _read_varint(data, i, end)
-        number, wire_type = key >> 3, key & 7
-        value: int | None = None
-        if wire_type == 0:
-            value, i = _read_varint(data, i, end)
-        elif wire_type == 1:
-            i += 8
-        elif wire_type == 2:
-            length, i = _read_varint(data, i, end)
-            i += length
-        elif wire_type == 5:
-            i += 4
-        else:
-            raise ValueError(f"unsupported wire type {wire_type} for field {number}")
-        if i > end:
-            raise ValueError(f"field {number} runs past the end of the message")
-        fields.append((number, start, i, value))
-    return fields
-
-
-_POSITION_FIELDS = (TRANSACTION_SECTION_FIELD, LEGACY_TRANSACTION_SECTION_FIELD)
-
-
-def _strip_fields(data: bytes, fields: list[tuple[int, int, int, int | None]]) -> bytes:
-    if not any(number in _POSITION_FIELDS for number, *_ in fields):
-        return data
-    return b"".join(data[s:e] for number, s, e, _ in fields if number not in _POSITION_FIELDS)
-
-
-def _with_transaction_position(body: bytes, position: int | None) -> bytes:
-    """``body`` without any transaction-position field, plus field 23 = ``position``.
-
-    The field goes where a tag-ordered encoder (prost) puts it: before the first
-    top-level field numbered above 23.
-    """
-    fields = _top_level_fields(body)
-    body = _strip_fields(body, fields)
-    if position is None:
-        return body
-    encoded = _encode_varint(TRANSACTION_SECTION_FIELD << 3) + _encode_varint(position)
-    offset = 0
-    for number, start, end, _ in _top_level_fields(body):
-        if number > TRANSACTION_SECTION_FIELD:
-            return body[:start] + encoded + body[start:]
-        offset = end
-    return body[:offset] + encoded + body[offset:]
+def _transaction_position(manifest: table_pb2.Manifest) -> int | None:
+    """Field 23 (pylance 14), else the legacy field 21, else None."""
+    if manifest.HasField("inline_transaction_position"):
+        return manifest.inline_transaction_position
+    if manifest.HasField("transaction_section"):
+        return manifest.transaction_section
+    return None
 
 
 # -------------------------------------------------------------------- encoding
@@ -220,17 +151,17 @@ def encode_manifest(
     out = bytearray()
     copy = table_pb2.Manifest()
     copy.CopyFrom(manifest)
-    copy.ClearField("index_section")
+    _clear_positions(copy)
     if indices is not None:
         section = table_pb2.IndexSection()
         section.indices.extend(indices)
         copy.index_section = len(out)
         out += _length_prefixed(section.SerializeToString())
-    transaction_position: int | None = None
     if transaction is not None:
-        transaction_position = len(out)
+        # Known fields serialize in field-number order, as prost writes them.
+        copy.inline_transaction_position = len(out)
         out += _length_prefixed(transaction.SerializeToString())
-    body = _with_transaction_position(copy.SerializeToString(), transaction_position)
+    body = copy.SerializeToString()
     manifest_position = len(out)
     out += _length_prefixed(body)
     major, minor = footer_version
@@ -305,25 +236,16 @@ def _decode(buf: bytes, start: int, size: int, path: str) -> ManifestFile:
             f"{actual} bytes lie between it and the footer"
         )
     body = view(position + 4, size - FOOTER_SIZE)
+    manifest = table_pb2.Manifest()
     try:
-        fields = _top_level_fields(body)
-        manifest = table_pb2.Manifest()
-        manifest.ParseFromString(_strip_fields(body, fields))
-    except (DecodeError, ValueError) as exc:
+        manifest.ParseFromString(body)
+    except DecodeError as exc:
         raise fail(
             f"manifest at byte {position} does not decode as lance.table.Manifest: {exc}"
         ) from None
-
-    def position_of(number: int) -> int | None:
-        found = None
-        for field_number, _, _, value in fields:
-            if field_number == number:
-                found = value  # protobuf: the last occurrence wins
-        return found
-
-    transaction_position = position_of(TRANSACTION_SECTION_FIELD)
-    if transaction_position is None:
-        transaction_position = position_of(LEGACY_TRANSACTION_SECTION_FIELD)
+    transaction_position = _transaction_position(manifest)
+    manifest.ClearField("transaction_section")
+    manifest.ClearField("inline_transaction_position")
 
     def section(name: str, pos: int) -> bytes:
         if pos + 4 > position:
@@ -433,11 +355,9 @@ __all__ = [
     "FLAG_TABLE_CONFIG",
     "FLAG_USE_V2_FORMAT_DEPRECATED",
     "FOOTER_VERSION",
-    "LEGACY_TRANSACTION_SECTION_FIELD",
     "MAGIC",
     "PREFETCH_SIZE",
     "READER_FLAGS",
-    "TRANSACTION_SECTION_FIELD",
     "WRITER_FLAGS",
     "ManifestFile",
     "check_reader_flags",

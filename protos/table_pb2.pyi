@@ -227,7 +227,7 @@ class Manifest(_message.Message):
     """The same offset as written by pylance 14 (its own name for this slot is
     transaction_section, with 21 renamed transaction_section_deprecated). Not in
     the seed table.proto; observed on every manifest pylance 14.0.2 writes.
-    Readers prefer 23 and fall back to 21; our writer sets both.
+    Readers prefer 23 and fall back to 21; our writer sets only 23, like pylance 14.
     """
     next_row_id: _builtins.int
     """Next unassigned row id (stable row ids only); 0 for an empty table."""
