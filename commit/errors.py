@@ -18,6 +18,8 @@ The tree::
     │   ├── ObjectExistsError        a conditional create lost to an existing object
     │   ├── UnsupportedOperationError  the store lacks the capability asked for
     │   └── TransientObjectStoreError  5xx / throttling / connection; safe to retry
+    ├── InvalidUriError              a table URI we cannot open (also a ValueError)
+    ├── StorageOptionError           a storage option we cannot use (also a ValueError)
     ├── DatasetNotFoundError
     ├── VersionNotFoundError
     └── CommitError                  (see lancetx.commit.errors for the engine's subclasses)
@@ -125,6 +127,26 @@ class UnsupportedOperationError(ObjectStoreError):
 
 class TransientObjectStoreError(ObjectStoreError):
     """A failure that may succeed if retried (5xx, throttling, connection reset)."""
+
+
+# ---------------------------------------------------------------- URIs and options
+
+
+class InvalidUriError(LancetxError, ValueError):
+    """A table URI or path that cannot be opened. Also a ValueError, as it is bad input."""
+
+    def __init__(self, uri: str, problem: str) -> None:
+        self.uri = uri
+        self.problem = problem
+        super().__init__(f"invalid table URI {uri!r}: {problem}")
+
+
+class StorageOptionError(LancetxError, ValueError):
+    """An object-store storage option (or S3Config field) has a value we cannot use."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"invalid S3 storage options: {problem}")
 
 
 # ------------------------------------------------------------------------ datasets

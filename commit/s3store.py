@@ -32,6 +32,7 @@ from lancetx.commit.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ObjectStoreError,
+    StorageOptionError,
     TransientObjectStoreError,
     UnsupportedOperationError,
 )
@@ -79,13 +80,13 @@ def parse_bool_option(name: str, value: str) -> bool:
         return True
     if lowered in _FALSE:
         return False
-    raise ValueError(f"option {name}={value!r} is not a boolean; use true or false")
+    raise StorageOptionError(f"option {name}={value!r} is not a boolean; use true or false")
 
 
 def _parse_seconds(name: str, value: str) -> float:
     match = _DURATION.match(value)
     if match is None:
-        raise ValueError(
+        raise StorageOptionError(
             f"option {name}={value!r} is not a duration; use seconds (30, 30s or 500ms)"
         )
     number = float(match.group(1))
@@ -126,18 +127,20 @@ class S3Config:
 
     def __post_init__(self) -> None:
         if (self.access_key_id is None) != (self.secret_access_key is None):
-            raise ValueError(
+            raise StorageOptionError(
                 "S3 credentials need both an access key id and a secret access key; "
                 "give both, or neither to use boto3's credential chain"
             )
         if self.max_attempts is not None and self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+            raise StorageOptionError(f"max_attempts must be at least 1, got {self.max_attempts}")
         for name in ("request_checksum_calculation", "response_checksum_validation"):
             value = getattr(self, name)
             if value is not None and value not in _CHECKSUM_MODES:
-                raise ValueError(f"{name} {value!r} is not one of {', '.join(_CHECKSUM_MODES)}")
+                raise StorageOptionError(
+                    f"{name} {value!r} is not one of {', '.join(_CHECKSUM_MODES)}"
+                )
         if self.addressing_style is not None and self.addressing_style not in _ADDRESSING_STYLES:
-            raise ValueError(
+            raise StorageOptionError(
                 f"addressing_style {self.addressing_style!r} is not one of {', '.join(_ADDRESSING_STYLES)}"
             )
 
@@ -164,7 +167,7 @@ class S3Config:
         def pick(field_name: str, aliases: tuple[str, ...]) -> str | None:
             found = {alias: lowered[alias] for alias in aliases if alias in lowered}
             if len(set(found.values())) > 1:
-                raise ValueError(
+                raise StorageOptionError(
                     f"conflicting storage options for the S3 {field_name}: "
                     + ", ".join(f"{k}={v!r}" for k, v in found.items())
                 )
@@ -180,7 +183,7 @@ class S3Config:
                 else "path"
             )
             if addressing is not None and addressing != style:
-                raise ValueError(
+                raise StorageOptionError(
                     f"conflicting storage options: addressing_style={addressing!r} and "
                     f"aws_virtual_hosted_style_request={virtual!r}"
                 )
@@ -193,7 +196,7 @@ class S3Config:
             try:
                 return int(raw)
             except ValueError:
-                raise ValueError(f"option {name}={raw!r} is not an integer") from None
+                raise StorageOptionError(f"option {name}={raw!r} is not an integer") from None
 
         def seconds(name: str) -> float | None:
             raw = values[name]

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
+from lancetx.commit.errors import InvalidUriError
 from lancetx.commit.localstore import LocalObjectStore
 from lancetx.commit.objectstore import ObjectStore
 from lancetx.commit.s3store import S3Config, S3ObjectStore, parse_bool_option
@@ -49,21 +50,22 @@ def open_object_store(
     opts: Mapping[str, str] = options or {}
     if "://" not in uri:
         if not uri:
-            raise ValueError("empty table URI")
+            raise InvalidUriError(uri, "empty table URI")
         return LocalObjectStore("/"), _local_key(os.path.abspath(uri))
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise ValueError(
-                f"file URI {uri!r} names host {parts.netloc!r}; only local paths "
-                "(file:///path) are supported"
+            raise InvalidUriError(
+                uri,
+                f"file URI names host {parts.netloc!r}; only local paths "
+                "(file:///path) are supported",
             )
         return LocalObjectStore("/"), _local_key(os.path.abspath(unquote(parts.path) or "/"))
     if scheme in ("s3", "s3+ddb"):
         bucket = parts.netloc
         if not bucket:
-            raise ValueError(f"S3 URI {uri!r} has no bucket; use {scheme}://bucket/path")
+            raise InvalidUriError(uri, f"S3 URI has no bucket; use {scheme}://bucket/path")
         if legacy is None:
             raw = _option(opts, LEGACY_S3_OPTION)
             legacy = parse_bool_option(LEGACY_S3_OPTION, raw) if raw is not None else False
@@ -80,10 +82,11 @@ def open_object_store(
             consistent_list=consistent,
         )
         return store, unquote(parts.path).strip("/")
-    raise ValueError(
-        f"unsupported URI scheme {parts.scheme!r} in {uri!r}; supported: "
+    raise InvalidUriError(
+        uri,
+        f"unsupported URI scheme {parts.scheme!r}; supported: "
         + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
-        + " and plain local paths"
+        + " and plain local paths",
     )
 
 

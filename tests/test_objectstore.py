@@ -9,7 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
-from lancetx.commit.errors import ObjectExistsError, ObjectNotFoundError, ObjectStoreError
+from lancetx.commit.errors import (
+    InvalidUriError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    StorageOptionError,
+)
 from lancetx.commit.localstore import TEMP_MARKER, LocalObjectStore, is_temp_name, temp_name
 from lancetx.commit.objectstore import ObjectStore
 from lancetx.commit.s3store import UNKNOWN_SIZE, S3Config, S3ObjectStore
@@ -423,10 +429,12 @@ def test_open_s3_consistent_list_option() -> None:
     ],
 )
 def test_open_rejects(uri: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as info:
         open_object_store(uri)
+    assert isinstance(info.value, InvalidUriError) and info.value.uri == uri
 
 
 def test_open_rejects_bad_legacy_option() -> None:
-    with pytest.raises(ValueError, match="lancetx_legacy_s3"):
+    with pytest.raises(ValueError, match="lancetx_legacy_s3") as info:
         open_object_store("s3://bkt/t", {"lancetx_legacy_s3": "maybe"})
+    assert isinstance(info.value, StorageOptionError)

@@ -15,6 +15,7 @@ from lancetx.commit.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ObjectStoreError,
+    StorageOptionError,
     TransientObjectStoreError,
     UnsupportedOperationError,
 )
@@ -457,8 +458,9 @@ def test_config_from_boto3_style_options() -> None:
     ],
 )
 def test_config_rejects(options: dict[str, str], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as info:
         S3Config.from_options(options)
+    assert isinstance(info.value, StorageOptionError)
 
 
 def test_legacy_compatible_checksums_send_no_checksum_header(
