@@ -40,7 +40,16 @@ def deletion_file_key(base: str, fragment_id: int, deletion_file: table_pb2.Dele
     """Object key of ``deletion_file`` of fragment ``fragment_id`` under ``base``."""
     file_type = deletion_file.file_type
     if file_type not in (table_pb2.DeletionFile.ARROW_ARRAY, table_pb2.DeletionFile.BITMAP):
-        raise ValueError(f"unknown deletion file type {file_type}")
+        # An open proto3 enum: a corrupt or newer manifest can carry any number here.
+        raise DeletionFileError(
+            naming.join(
+                base,
+                naming.DELETIONS_DIR,
+                f"{fragment_id}-{deletion_file.read_version}-{deletion_file.id}.*",
+            ),
+            f"the manifest gives fragment {fragment_id} deletion file type {file_type}, "
+            "which is neither ARROW_ARRAY (0) nor BITMAP (1)",
+        )
     return naming.deletion_file_key(
         base,
         fragment_id,

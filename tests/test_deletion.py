@@ -70,6 +70,17 @@ def test_write_then_read(
         assert BitMap.deserialize(store.get(key)) == rows
 
 
+def test_unknown_deletion_file_type_in_a_manifest_is_a_typed_error(
+    store: LocalObjectStore,
+) -> None:
+    """proto3 enums are open: a corrupt manifest's file type must not escape as ValueError."""
+    deletion_file = table_pb2.DeletionFile(read_version=3, id=7, num_deleted_rows=1)
+    deletion_file.file_type = 5  # type: ignore[assignment]
+    with pytest.raises(DeletionFileError, match=r"fragment 2 deletion file type 5") as info:
+        read_deletion_vector(store, "t", 2, deletion_file)
+    assert info.value.path == "t/_deletions/2-3-7.*"
+
+
 def test_empty_vector_is_not_written(store: LocalObjectStore) -> None:
     with pytest.raises(ValueError, match="no deleted rows"):
         write_deletion_vector(store, "t", 0, 1, BitMap())
