@@ -104,14 +104,21 @@ class _LockedApp:
         with self._lock:
             if pending is not None:
                 # Run the real request, discard its answer, return the canned one.
-                chunks = self._app(environ, lambda *a, **k: None)
-                for _ in chunks:
-                    pass
-                if hasattr(chunks, "close"):
-                    chunks.close()
+                _drain(self._app(environ, lambda *a, **k: None))
                 return _respond(pending, start_response)
             # Materialize the body inside the lock: moto builds responses lazily.
-            return list(self._app(environ, start_response))
+            return _drain(self._app(environ, start_response))
+
+
+def _drain(chunks: Iterable[bytes]) -> list[bytes]:
+    """The whole body, then ``close()`` as WSGI requires (the server only
+    sees the list we return, so it cannot close the app's iterable)."""
+    try:
+        return list(chunks)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _respond(response: InterceptedResponse, start_response: Callable[..., Any]) -> list[bytes]:
