@@ -28,18 +28,23 @@ exception classes).
 
 from __future__ import annotations
 
+import socket
+import sys
 from dataclasses import dataclass
 
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectTimeoutError,
     HTTPClientError,
     NoCredentialsError,
     PartialCredentialsError,
+    ProxyConnectionError,
 )
 from botocore.exceptions import (
     ConnectionError as BotocoreConnectionError,
 )
+from urllib3.exceptions import NewConnectionError
 
 from lancetx.commit.errors import LancetxError
 from lancetx.externalstore.base import ManifestEntry
@@ -65,6 +70,7 @@ __all__ = [
     "create_table_hint",
     "error_code",
     "http_status",
+    "never_connected",
     "translate_error",
 ]
 
@@ -410,6 +416,25 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
+def never_connected(exc: BotocoreConnectionError) -> bool:
+    """Whether a botocore connection error proves the request was never sent.
+
+    botocore's class alone does not: aiobotocore wraps any aiohttp
+    ``ClientConnectionError`` in EndpointConnectionError, including a
+    connection reset while reading the response (the request was sent and
+    may have been applied), and urllib3 reports an SSL error while reading
+    the response as SSLError. Only a failure to connect counts.
+    """
+    if isinstance(exc, (ConnectTimeoutError, ProxyConnectionError)):
+        return True
+    error = exc.kwargs.get("error")
+    if error is None or isinstance(error, (NewConnectionError, socket.gaierror)):
+        return True  # no cause to contradict the class; boto3's (urllib3) connect failures
+    aiohttp = sys.modules.get("aiohttp")  # loaded if the error came from aiobotocore
+    # ClientConnectorError covers refused, DNS and TLS handshake failures.
+    return aiohttp is not None and isinstance(error, aiohttp.ClientConnectorError)
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         message = exc.response.get("Error", {}).get("Message") or str(exc)
@@ -454,9 +479,10 @@ def translate_error(
         return ExternalStoreError(action, resource, _describe(exc), code=code)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return AccessDeniedError(action, resource, code, str(exc))
-    if isinstance(exc, BotocoreConnectionError):
+    if isinstance(exc, BotocoreConnectionError) and never_connected(exc):
         return EndpointUnreachableError(action, resource, target.endpoint, str(exc), attempts)
-    if isinstance(exc, HTTPClientError):  # ReadTimeoutError, ConnectionClosedError
+    if isinstance(exc, (HTTPClientError, BotocoreConnectionError)):
+        # ReadTimeoutError, ConnectionClosedError, a reset after sending
         return ServiceUnavailableError(action, resource, _describe(exc), attempts)
     if isinstance(exc, BotoCoreError):
         return ExternalStoreError(

@@ -44,6 +44,7 @@ from lancetx.externalstore.errors import (
     THROTTLING_CODES,
     error_code,
     http_status,
+    never_connected,
 )
 
 __all__ = [
@@ -97,7 +98,8 @@ class ErrorKind(enum.Enum):
 
     #: Throttled / contention: rejected, not applied. Retry after a pause.
     THROTTLED = "throttled"
-    #: Could not connect (refused, DNS, connect timeout, TLS): nothing was sent.
+    #: Could not connect (refused, DNS, connect timeout, proxy, aiohttp TLS handshake):
+    #: nothing was sent (see errors.never_connected).
     UNREACHABLE = "unreachable"
     #: 5xx, read timeout, connection dropped after sending: the request may have
     #: been applied. Retryable; for a write it makes the outcome ambiguous.
@@ -119,10 +121,8 @@ def classify(exc: BaseException) -> ErrorKind:
         if (http_status(exc) or 0) >= 500:
             return ErrorKind.MAYBE_APPLIED
         return ErrorKind.FATAL
-    if isinstance(
-        exc, BotocoreConnectionError
-    ):  # EndpointConnectionError, ConnectTimeoutError, SSLError, proxy
-        return ErrorKind.UNREACHABLE
+    if isinstance(exc, BotocoreConnectionError):
+        return ErrorKind.UNREACHABLE if never_connected(exc) else ErrorKind.MAYBE_APPLIED
     if isinstance(exc, HTTPClientError):  # ReadTimeoutError, ConnectionClosedError, …
         return ErrorKind.MAYBE_APPLIED
     if isinstance(exc, BotoCoreError):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -351,13 +353,22 @@ def test_transient_5xx_on_reads_is_retried(
 
 
 def test_landed_write_reported_as_5xx_resolves_as_ours(
-    aws: EmbeddedAws, config: DynamoDBConfig, table: str, store: DynamoDBManifestStore
+    aws: EmbeddedAws, config: DynamoDBConfig, table: str
 ) -> None:
+    raw = make_client(config)
+    before_retry: list[int] = []
+    store = DynamoDBManifestStore(
+        make_client(config),
+        table,
+        retry=FAST,
+        sleep=lambda _: before_retry.append(len(scan(raw, table))),
+    )
     faults = Faults(aws, table)
     faults.plan("PutItem", [ddb_error("InternalServerError", 500, after_forwarding=True)])
     store.put_if_not_exists(staged(1, "mine"))  # retry hits ConditionalCheckFailed on our own item
     assert faults.seen["PutItem"] == 2
-    items = scan(make_client(config), table)
+    assert before_retry == [1]  # the first attempt did land: the retry met our own item
+    items = scan(raw, table)
     assert len(items) == 1 and items[0]["commit_token"] == {"S": "mine"}
 
 
@@ -494,14 +505,127 @@ def test_async_store_resolves_ambiguity_too(
 ) -> None:
     faults = Faults(aws, table)
     faults.plan("PutItem", [ddb_error("InternalServerError", 500, after_forwarding=True)])
+    raw = make_client(config)
+    before_retry: list[int] = []
+
+    async def record(_: float) -> None:
+        before_retry.append(len(scan(raw, table)))
 
     async def main() -> ManifestEntry:
-        async with AsyncDynamoDBManifestStore.open(table, config) as s:
+        async with AsyncDynamoDBManifestStore.open(table, config, sleep=record) as s:
             await s.put_if_not_exists(staged(1, "mine"))
             return await s.get(BASE, 1)
 
     assert asyncio.run(main()).commit_token == "mine"
     assert faults.seen["PutItem"] == 2
+    assert before_retry == [1]  # the first attempt landed
+
+
+@pytest.fixture
+def resetting_endpoint() -> Iterator[str]:
+    """An endpoint that reads each whole request, then resets the connection:
+    the request was sent (and could have been applied), its answer is lost."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def _remote_config(endpoint: str) -> DynamoDBConfig:
+    return DynamoDBConfig(
+        endpoint_url=endpoint,
+        region="us-east-1",
+        access_key_id="testing",
+        secret_access_key="testing",
+        connect_timeout=0.5,
+        read_timeout=2.0,
+        retry=RetryPolicy(max_attempts=2, base_delay=0.001, max_delay=0.001),
+    )
+
+
+def _claim_and_read_sync_and_async(config: DynamoDBConfig) -> list[tuple[str, type, type]]:
+    """(driver, error of put_if_not_exists, error of get) for the sync and async stores."""
+    results: list[tuple[str, type, type]] = []
+    store = DynamoDBManifestStore.from_config("t", config, validate=False)
+    with pytest.raises(ExternalStoreError) as put:
+        store.put_if_not_exists(staged(1, "mine"))
+    with pytest.raises(ExternalStoreError) as get:
+        store.get(BASE, 1)
+    results.append(("sync", type(put.value), type(get.value)))
+
+    async def main() -> None:
+        async with AsyncDynamoDBManifestStore.open("t", config, validate=False) as s:
+            with pytest.raises(ExternalStoreError) as put:
+                await s.put_if_not_exists(staged(1, "mine"))
+            with pytest.raises(ExternalStoreError) as get:
+                await s.get(BASE, 1)
+            results.append(("async", type(put.value), type(get.value)))
+
+    asyncio.run(main())
+    return results
+
+
+def test_connection_reset_after_sending_is_not_unreachable(resetting_endpoint: str) -> None:
+    # aiobotocore reports a reset while reading the answer as EndpointConnectionError;
+    # the claim may have landed, so it must not read as "nothing was sent".
+    results = _claim_and_read_sync_and_async(_remote_config(resetting_endpoint))
+    assert results == [
+        ("sync", AmbiguousWriteError, ServiceUnavailableError),
+        ("async", AmbiguousWriteError, ServiceUnavailableError),
+    ]
+
+
+def test_connection_refused_stays_unreachable() -> None:
+    results = _claim_and_read_sync_and_async(_remote_config("http://127.0.0.1:1"))
+    assert results == [
+        ("sync", EndpointUnreachableError, EndpointUnreachableError),
+        ("async", EndpointUnreachableError, EndpointUnreachableError),
+    ]
+
+
+def test_botocore_retries_are_off_for_both_clients(
+    aws: EmbeddedAws, config: DynamoDBConfig, table: str
+) -> None:
+    # Each store attempt is exactly one HTTP request, for boto3 and aiobotocore alike.
+    faults = Faults(aws, table)
+    faults.always("PutItem", ddb_error("InternalServerError", 500))
+    with pytest.raises(AmbiguousWriteError):
+        DynamoDBManifestStore.from_config(table, config).put_if_not_exists(staged(1, "a"))
+    assert faults.seen["PutItem"] == FAST.max_attempts
+
+    async def main() -> None:
+        async with AsyncDynamoDBManifestStore.open(table, config) as s:
+            await s.put_if_not_exists(staged(1, "a"))
+
+    with pytest.raises(AmbiguousWriteError):
+        asyncio.run(main())
+    assert faults.seen["PutItem"] == 2 * FAST.max_attempts
 
 
 # =========================================================================== create / validate

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 import pytest
 from botocore.exceptions import (
     ClientError,
@@ -337,6 +338,13 @@ def test_backoff_is_bounded_jittered_and_deterministic_with_a_seed() -> None:
         (client_error("ResourceNotFoundException"), ErrorKind.FATAL),
         (EndpointConnectionError(endpoint_url="http://x"), ErrorKind.UNREACHABLE),
         (ConnectTimeoutError(endpoint_url="http://x"), ErrorKind.UNREACHABLE),
+        # aiobotocore's wrapping of a reset after the request was sent
+        (
+            EndpointConnectionError(
+                endpoint_url="http://x", error=aiohttp.ClientOSError(104, "reset by peer")
+            ),
+            ErrorKind.MAYBE_APPLIED,
+        ),
         (ReadTimeoutError(endpoint_url="http://x"), ErrorKind.MAYBE_APPLIED),
         (ConnectionClosedError(endpoint_url="http://x"), ErrorKind.MAYBE_APPLIED),
         (NoCredentialsError(), ErrorKind.FATAL),
