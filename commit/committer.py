@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +61,7 @@ from lancetx.commit.operations import (
     Transaction,
 )
 from lancetx.commit.rebase import rebase_transaction
+from lancetx.commit.retry import RetryPolicy
 from lancetx.commit.transaction_file import (
     read_transaction_of,
     transaction_file_name,
@@ -73,42 +73,6 @@ log = logging.getLogger(__name__)
 
 #: How many committed versions are loaded at once while checking conflicts.
 LOAD_PARALLELISM = 8
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounds on retrying a commit that lost the race for a version.
-
-    ``max_attempts``: attempts in all (Lance's default is 20). A lost race names
-    its winner, so a loser needs no long sleep to learn anything; it only needs
-    to avoid retrying in lockstep with the other losers, which would collide
-    again. So the wait before retry ``k`` is drawn from a window of one *slot* —
-    how long our last attempt took, at least ``base_delay`` — doubled per further
-    loss and capped at ``max_delay`` (Lance's slot backoff, sized from a measured
-    attempt). ``jitter`` is the randomized fraction of the window (1.0 = full).
-    """
-
-    max_attempts: int = 20
-    base_delay: float = 0.002
-    max_delay: float = 0.5
-    jitter: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be at least 1")
-        if self.base_delay < 0 or self.max_delay < 0 or not 0 <= self.jitter <= 1:
-            raise ValueError("RetryPolicy delays must be >= 0 and jitter in [0, 1]")
-
-    def window(self, retry: int, slot: float = 0.0) -> float:
-        """The longest wait before retry number ``retry`` (1 = the first retry)."""
-        growth = 2.0 ** max(retry - 1, 0)
-        return float(min(self.max_delay, max(self.base_delay, slot) * growth))
-
-    def delay(self, retry: int, slot: float = 0.0, rng: random.Random | None = None) -> float:
-        """A wait before retry number ``retry``: uniform over the jittered part of the window."""
-        window = self.window(retry, slot)
-        spread: float = (rng or random).uniform(0, window * self.jitter)
-        return window * (1 - self.jitter) + spread
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,14 @@ from lancetx.externalstore.errors import (
     TableSchemaError,
     translate_error,
 )
-from lancetx.externalstore.retry import BOTOCORE_RETRIES, Attempts, ErrorKind, RetryPolicy, classify
+from lancetx.externalstore.retry import (
+    BOTOCORE_RETRIES,
+    DYNAMODB_RETRY,
+    Attempts,
+    ErrorKind,
+    RetryPolicy,
+    classify,
+)
 
 __all__ = [
     "DEFAULT_COMMITTER",
@@ -141,7 +148,7 @@ class DynamoDBConfig:
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
     profile: str | None = None
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default=DYNAMODB_RETRY)
     connect_timeout: float = 5.0
     read_timeout: float = 10.0
     max_pool_connections: int = 32
@@ -208,7 +215,7 @@ class DynamoDBConfig:
                 origin, "(one of the pair)", "give both the key id and the secret, or neither"
             )
 
-        retry = RetryPolicy()
+        retry = DYNAMODB_RETRY
         if (raw := opts.get("dynamodb_max_attempts")) is not None:
             retry = replace(retry, max_attempts=int(_number("dynamodb_max_attempts", raw, int)))
         kwargs: dict[str, Any] = {}
@@ -413,7 +420,7 @@ class PlanContext:
     policy, a jitter source and how many items per Query page."""
 
     target: DynamoDBTarget
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default=DYNAMODB_RETRY)
     committer: str = DEFAULT_COMMITTER
     page_size: int | None = None
     rng: random.Random = field(default_factory=random.Random)
@@ -781,7 +788,7 @@ def create_table(
     race (the losers wait for the winner's table). Raises TableSchemaError if
     a table of that name exists with another layout.
     """
-    ctx = PlanContext(target_of(client, name), retry=retry or RetryPolicy())
+    ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
     remember_validation(ctx.target, info)
     return info
@@ -812,7 +819,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
         self.table_name = table_name
         self._ctx = PlanContext(
             target_of(client, table_name),
-            retry=retry or RetryPolicy(),
+            retry=retry or DYNAMODB_RETRY,
             committer=committer,
             page_size=page_size,
         )

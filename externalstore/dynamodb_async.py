@@ -38,7 +38,7 @@ from lancetx.externalstore.dynamodb import (
     validate_plan,
 )
 from lancetx.externalstore.errors import DynamoDBTarget
-from lancetx.externalstore.retry import RetryPolicy
+from lancetx.externalstore.retry import DYNAMODB_RETRY, RetryPolicy
 
 __all__ = ["AsyncDynamoDBManifestStore", "create_table_async", "open_client", "run_plan_async"]
 
@@ -87,7 +87,7 @@ async def create_table_async(
     retry: RetryPolicy | None = None,
 ) -> TableInfo:
     """Async :func:`lancetx.externalstore.dynamodb.create_table`."""
-    ctx = PlanContext(target_of(client, name), retry=retry or RetryPolicy())
+    ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = await run_plan_async(client, create_table_plan(ctx, wait=wait, timeout=timeout))
     remember_validation(ctx.target, info)
     return info
@@ -117,7 +117,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         self.table_name = table_name
         self._ctx = PlanContext(
             target_of(client, table_name),
-            retry=retry or RetryPolicy(),
+            retry=retry or DYNAMODB_RETRY,
             committer=committer,
             page_size=page_size,
         )

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -39,6 +38,7 @@ from botocore.exceptions import (
     ConnectionError as BotocoreConnectionError,
 )
 
+from lancetx.commit.retry import RetryPolicy
 from lancetx.externalstore.errors import (
     CONDITION_FAILED_CODE,
     THROTTLING_CODES,
@@ -49,6 +49,7 @@ from lancetx.externalstore.errors import (
 
 __all__ = [
     "BOTOCORE_RETRIES",
+    "DYNAMODB_RETRY",
     "Attempts",
     "ErrorKind",
     "RetryPolicy",
@@ -61,36 +62,15 @@ __all__ = [
 BOTOCORE_RETRIES: dict[str, object] = {"mode": "standard", "total_max_attempts": 1}
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded exponential backoff with full jitter.
-
-    Attempt ``n`` (0-based) that fails retryably is followed by a sleep drawn
-    uniformly from ``[0, min(max_delay, base_delay * 2**n)]``; at most
-    ``max_attempts`` attempts are made in total.
-    """
-
-    max_attempts: int = 6
-    base_delay: float = 0.05
-    max_delay: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
-        if self.base_delay < 0 or self.max_delay < 0:
-            raise ValueError("RetryPolicy delays must be >= 0")
-
-    def cap(self, attempt: int) -> float:
-        """The upper bound of the sleep after failed attempt ``attempt`` (0-based)."""
-        # Exponent clamped: 2**1000 would be a float overflow for no benefit.
-        return float(min(self.max_delay, self.base_delay * (2 ** min(attempt, 62))))
+#: DynamoDB's defaults: throttling and 5xx clear within seconds.
+DYNAMODB_RETRY = RetryPolicy(max_attempts=6, base_delay=0.05, max_delay=2.0)
 
 
 def backoff_delays(policy: RetryPolicy, rng: random.Random | None = None) -> Iterator[float]:
     """The ``max_attempts - 1`` sleeps between attempts (full jitter)."""
     rng = rng or random.Random()
-    for attempt in range(policy.max_attempts - 1):
-        yield rng.uniform(0.0, policy.cap(attempt))
+    for retry in range(1, policy.max_attempts):
+        yield policy.delay(retry, rng=rng)
 
 
 class ErrorKind(enum.Enum):
