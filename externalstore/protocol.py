@@ -75,8 +75,11 @@ from lancetx.externalstore.errors import (
     EntryExistsError,
     EntryNotFoundError,
     InvalidRequestError,
+    ManifestCopyMismatchError,
+    ManifestMissingError,
     TableNotFoundError,
     TableSchemaError,
+    UntrustedManifestPathError,
 )
 
 log = logging.getLogger(__name__)
@@ -95,56 +98,6 @@ ONBOARD_PROBE_LIMIT = 1000
 
 
 # ----------------------------------------------------------------------------- errors
-
-
-class ManifestPointerError(LancetxError):
-    """An external-store entry cannot be followed to a manifest."""
-
-
-class UntrustedManifestPathError(ManifestPointerError):
-    """An entry points outside the table's ``_versions/`` or at another version's name."""
-
-    def __init__(self, base_uri: str, version: int, path: str, expected_prefix: str) -> None:
-        self.base_uri = base_uri
-        self.version = version
-        self.path = path
-        super().__init__(
-            f"refusing to follow the external-store entry for version {version} of {base_uri!r}: "
-            f"its path {path!r} is not a manifest of version {version} under {expected_prefix!r}. "
-            "The entry was written by something other than Lance/lancetx or for another table; "
-            "inspect the item in the DynamoDB table and repair or delete it"
-        )
-
-
-class ManifestMissingError(ManifestPointerError):
-    """Both the staged and the final manifest of a committed version are gone."""
-
-    def __init__(self, base_uri: str, version: int, staged: str, final: str) -> None:
-        self.base_uri = base_uri
-        self.version = version
-        self.staged = staged
-        self.final = final
-        super().__init__(
-            f"version {version} of {base_uri!r} is committed in the external store but neither its "
-            f"staged manifest {staged!r} nor its final manifest {final!r} exists; refusing to load. "
-            "Restore the object from a backup or bucket versioning (copy it to the final name), "
-            "or, after checking no data depends on it, delete the item of this version from "
-            "the DynamoDB table"
-        )
-
-
-class ManifestCopyMismatchError(ManifestPointerError):
-    """The final manifest does not hold the staged bytes after a copy."""
-
-    def __init__(self, base_uri: str, version: int, final: str, detail: str) -> None:
-        self.base_uri = base_uri
-        self.version = version
-        self.final = final
-        super().__init__(
-            f"the final manifest {final!r} of version {version} of {base_uri!r} does not match the "
-            f"committed staged manifest ({detail}); the pointer was not flipped. Retry the read; "
-            "if it persists, another process is writing that key"
-        )
 
 
 # ---------------------------------------------------------------------------- effects

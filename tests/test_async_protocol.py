@@ -48,12 +48,14 @@ from lancetx.externalstore.embedded import (
     InterceptedRequest,
     InterceptedResponse,
 )
+from lancetx.externalstore.errors import (
+    ManifestMissingError,
+    UntrustedManifestPathError,
+)
 from lancetx.externalstore.protocol import (
     CommitOutcome,
-    ManifestMissingError,
     Steps,
     Table,
-    UntrustedManifestPathError,
     commit_steps,
     run,
     run_async,

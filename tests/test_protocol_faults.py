@@ -66,8 +66,11 @@ from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
+    ManifestMissingError,
+    ManifestPointerError,
     ServiceUnavailableError,
     ThrottledError,
+    UntrustedManifestPathError,
 )
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import (
@@ -78,11 +81,8 @@ from lancetx.externalstore.protocol import (
     FlipEntry,
     GetEntry,
     LatestEntry,
-    ManifestMissingError,
-    ManifestPointerError,
     Steps,
     Table,
-    UntrustedManifestPathError,
     commit_steps,
     final_key_of,
     resolve_steps,

@@ -28,7 +28,10 @@ from lancetx.externalstore.errors import (
     AmbiguousWriteError,
     EntryExistsError,
     EntryNotFoundError,
+    ManifestCopyMismatchError,
+    ManifestMissingError,
     ServiceUnavailableError,
+    UntrustedManifestPathError,
 )
 from lancetx.externalstore.protocol import (
     ClaimEntry,
@@ -41,12 +44,9 @@ from lancetx.externalstore.protocol import (
     GetObject,
     HeadObject,
     LatestEntry,
-    ManifestCopyMismatchError,
-    ManifestMissingError,
     PutObject,
     Steps,
     Table,
-    UntrustedManifestPathError,
     commit_steps,
     finalize_steps,
     location_of,

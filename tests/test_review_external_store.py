@@ -78,8 +78,11 @@ from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
     EntryMismatchError,
+    ManifestCopyMismatchError,
+    ManifestMissingError,
     ServiceUnavailableError,
     ThrottledError,
+    UntrustedManifestPathError,
 )
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import (
@@ -92,12 +95,9 @@ from lancetx.externalstore.protocol import (
     GetObject,
     HeadObject,
     LatestEntry,
-    ManifestCopyMismatchError,
-    ManifestMissingError,
     PutObject,
     Steps,
     Table,
-    UntrustedManifestPathError,
     commit_steps,
     final_key_of,
     finalize_steps,
