@@ -31,6 +31,7 @@ Differences from Lance, on purpose:
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -71,6 +72,8 @@ from lancetx.externalstore.retry import (
     RetryPolicy,
     classify,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_COMMITTER",
@@ -264,6 +267,23 @@ class DynamoDBConfig:
             if self.session_token:
                 kwargs["aws_session_token"] = self.session_token
         return kwargs
+
+
+def warn_if_sdk_retries(client: Any) -> None:
+    """Warn when ``client`` retries inside botocore: our retry loop must see every
+    attempt to tell a landed claim from a lost one (see :mod:`.retry`)."""
+    retries = getattr(getattr(getattr(client, "meta", None), "config", None), "retries", None)
+    if isinstance(retries, dict) and retries.get("total_max_attempts") == 1:
+        return
+    log.warning(
+        "DynamoDB client %r retries inside botocore (retries=%r): a claim whose first attempt "
+        "landed and whose retries were then throttled would be reported as not applied. Build "
+        "clients with lancetx.externalstore.dynamodb.make_client, or pass "
+        "botocore Config(retries=%r)",
+        client,
+        retries,
+        BOTOCORE_RETRIES,
+    )
 
 
 def make_client(config: DynamoDBConfig | None = None) -> Any:
@@ -816,6 +836,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.client = client
+        warn_if_sdk_retries(client)
         self.table_name = table_name
         self._ctx = PlanContext(
             target_of(client, table_name),

@@ -36,6 +36,7 @@ from lancetx.externalstore.dynamodb import (
     remember_validation,
     target_of,
     validate_plan,
+    warn_if_sdk_retries,
 )
 from lancetx.externalstore.errors import DynamoDBTarget
 from lancetx.externalstore.retry import DYNAMODB_RETRY, RetryPolicy
@@ -114,6 +115,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.client = client
+        warn_if_sdk_retries(client)
         self.table_name = table_name
         self._ctx = PlanContext(
             target_of(client, table_name),
