@@ -47,6 +47,7 @@ from pyroaring import BitMap
 from lancetx.commit import rowids
 from lancetx.commit.errors import CommitError, LancetxError, UnsupportedFeatureError
 from lancetx.commit.fragments import OVERLAYS_FEATURE_FLAG, SPILLED_ROW_LINEAGE_FEATURE_FLAG
+from lancetx.commit.manifest import clear_file_positions
 from lancetx.commit.versioning import writer_version
 from lancetx.protos import file_pb2, table_pb2, transaction_pb2
 
@@ -436,10 +437,8 @@ class _Builder:
 
     @staticmethod
     def clear_positions(manifest: Manifest) -> None:
-        # Offsets into the file a manifest came from; meaningless in a new file.
-        manifest.ClearField("index_section")
-        manifest.ClearField("transaction_section")
-        manifest.ClearField("inline_transaction_position")
+        # Positions in the file a manifest came from; meaningless in a new file.
+        clear_file_positions(manifest)
         manifest.version_aux_data = 0
 
     # ----------------------------------------------------------- regular

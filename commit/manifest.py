@@ -110,8 +110,9 @@ def check_writer_flags(manifest: table_pb2.Manifest, path: str) -> None:
 # ------------------------------------------------------ transaction position
 
 
-def _clear_positions(manifest: table_pb2.Manifest) -> None:
-    # Offsets into the file a manifest came from; meaningless anywhere else.
+def clear_file_positions(manifest: table_pb2.Manifest) -> None:
+    """Remove the section offsets (index, inline transaction) a manifest carries:
+    they describe the file it came from and are meaningless anywhere else."""
     manifest.ClearField("index_section")
     manifest.ClearField("transaction_section")
     manifest.ClearField("inline_transaction_position")
@@ -151,7 +152,7 @@ def encode_manifest(
     out = bytearray()
     copy = table_pb2.Manifest()
     copy.CopyFrom(manifest)
-    _clear_positions(copy)
+    clear_file_positions(copy)
     if indices is not None:
         section = table_pb2.IndexSection()
         section.indices.extend(indices)
@@ -362,6 +363,7 @@ __all__ = [
     "ManifestFile",
     "check_reader_flags",
     "check_writer_flags",
+    "clear_file_positions",
     "decode_manifest",
     "encode_manifest",
     "read_manifest",
