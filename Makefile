@@ -23,20 +23,22 @@ demo: $(STAMP)
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest
 
-LINT_DIRS := $(wildcard protos commit externalstore tests examples benchmarks)
+LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(filter-out protos,$(LINT_DIRS))
 
-# mypy maps modules by directory, so it checks a view in which the three
-# top-level folders sit under lancetx/ as they do when installed.
+# mypy maps modules by directory, so it checks a view in which the top-level
+# folders sit under lancetx/ as they do when installed.
 typecheck: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck/lancetx
+	for f in lancetx/*; do ln -s ../../../$$f build/typecheck/lancetx/; done
 	ln -s ../../../protos build/typecheck/lancetx/protos
 	ln -s ../../../commit build/typecheck/lancetx/commit
 	ln -s ../../../externalstore build/typecheck/lancetx/externalstore
-	cd build/typecheck && ../../$(BIN)/mypy -p lancetx.commit -p lancetx.externalstore
+	if [ -d pyspark_lancetx ]; then ln -s ../../pyspark_lancetx build/typecheck/pyspark_lancetx; fi
+	cd build/typecheck && ../../$(BIN)/mypy -p lancetx $$([ -d pyspark_lancetx ] && echo -p pyspark_lancetx)
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

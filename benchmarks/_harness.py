@@ -47,7 +47,7 @@ for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
 import boto3  # noqa: E402
 import lance  # noqa: E402
 
-from lancetx.commit.handler import CommitHandler  # noqa: E402
+from lancetx.commit.handlers.interface import CommitHandler  # noqa: E402
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler  # noqa: E402
 from lancetx.externalstore.dynamodb import create_table  # noqa: E402
 from lancetx.externalstore.embedded import (  # noqa: E402

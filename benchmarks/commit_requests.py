@@ -63,7 +63,7 @@ from _harness import (
     write_json,
 )
 
-from lancetx.commit.committer import Committed, load_parent
+from lancetx.commit.engine.committer import Committed, load_parent
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.demo import batch, lancetx_append
 from lancetx.externalstore.embedded import EmbeddedAws

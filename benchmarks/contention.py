@@ -60,7 +60,7 @@ from _harness import (
     write_json,
 )
 
-from lancetx.commit.committer import Committed, Parent
+from lancetx.commit.engine.committer import Committed, Parent
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.demo import batch, lancetx_append
 from lancetx.externalstore.embedded import EmbeddedAws

@@ -23,7 +23,7 @@ import abc
 import enum
 from dataclasses import dataclass
 
-from lancetx.commit.naming import MANIFEST_SUFFIX
+from lancetx.commit.format.naming import MANIFEST_SUFFIX
 
 __all__ = [
     "AsyncExternalManifestStore",

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from lancetx.commit.handler import CommitHandler, ManifestLocation
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.s3store_async import AsyncObjectStore
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.protocol import (
     COMMITTER,

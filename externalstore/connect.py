@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lancetx.commit.conditional_handler import ConditionalPutCommitHandler
-from lancetx.commit.handler import CommitHandler
-from lancetx.commit.stores import open_object_store
+from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
+from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
 from lancetx.externalstore.uri import parse_ddb_uri

@@ -28,10 +28,10 @@ import boto3
 import lance
 import pyarrow as pa
 
-from lancetx.commit.committer import Committed, Parent, commit_transaction, load_parent
-from lancetx.commit.fragments import fragment_from_pylance
-from lancetx.commit.operations import Append, Transaction
-from lancetx.commit.snapshot import load_snapshot
+from lancetx.commit.engine.committer import Committed, Parent, commit_transaction, load_parent
+from lancetx.commit.engine.operations import Append, Transaction
+from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws

@@ -43,8 +43,8 @@ from typing import Any, TypeVar, cast
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.commit.aws_clients import make_client as make_shared_client
-from lancetx.commit.aws_clients import shared_session
+from lancetx.commit.storage.aws_clients import make_client as make_shared_client
+from lancetx.commit.storage.aws_clients import shared_session
 from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,

@@ -39,19 +39,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotFoundError
-from lancetx.commit.handler import (
-    CommitStateUnknownError,
-    ManifestLocation,
-    VersionAlreadyExistsError,
-)
-from lancetx.commit.listing import (
+from lancetx.commit.format.listing import (
     ascending_locations,
     manifest_location,
     manifest_locations,
     newest_location,
     versions_prefix,
 )
-from lancetx.commit.naming import (
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import (
     VERSIONS_DIR,
     NamingScheme,
     join,
@@ -60,8 +56,9 @@ from lancetx.commit.naming import (
     parse_staged_name,
     staged_manifest_key,
 )
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
-from lancetx.commit.s3store_async import AsyncObjectStore
+from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
+from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,

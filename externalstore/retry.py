@@ -38,7 +38,7 @@ from botocore.exceptions import (
     ConnectionError as BotocoreConnectionError,
 )
 
-from lancetx.commit.retry import RetryPolicy
+from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.externalstore.errors import (
     CONDITION_FAILED_CODE,
     THROTTLING_CODES,

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from google.protobuf.any_pb2 import Any as AnyPb
 from pyroaring import BitMap
 
-from lancetx.commit.conflicts import ConflictContext, Outcome
-from lancetx.commit.operations import (
+from lancetx.commit.engine.conflicts import ConflictContext, Outcome
+from lancetx.commit.engine.operations import (
     FRAG_REUSE_INDEX_NAME,
     MEM_WAL_INDEX_NAME,
     Append,

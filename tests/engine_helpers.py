@@ -1,7 +1,7 @@
 """Shared helpers for the engine tests (commit loop, rebase, interop, concurrency).
 
 Everything here drives real parts: pylance writes tables and data files, our
-commit loop (:func:`lancetx.commit.committer.commit_transaction`) commits
+commit loop (:func:`lancetx.commit.engine.committer.commit_transaction`) commits
 through the handler :func:`lancetx.externalstore.connect.connect` picks for the
 URI (local disk, or S3 with conditional PUT on the embedded moto server).
 
@@ -29,21 +29,22 @@ import lance
 import pyarrow as pa
 from pyroaring import BitMap
 
-from lancetx.commit import naming
-from lancetx.commit.committer import (
+from lancetx.commit.engine.committer import (
     CommitOptions,
     Committed,
     Parent,
     commit_transaction,
     load_parent,
 )
-from lancetx.commit.deletion import write_deletion_vector
+from lancetx.commit.engine.operations import Append, Delete, Transaction
 from lancetx.commit.errors import RetriesExhaustedError
-from lancetx.commit.fragments import fragment_from_pylance
-from lancetx.commit.handler import CommitHandler, ManifestLocation, VersionAlreadyExistsError
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.operations import Append, Delete, Transaction
-from lancetx.commit.snapshot import Snapshot
+from lancetx.commit.format import naming
+from lancetx.commit.format.deletion import write_deletion_vector
+from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.snapshot import Snapshot
+from lancetx.commit.handlers.interface import CommitHandler, VersionAlreadyExistsError
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.protos import table_pb2
 

@@ -29,7 +29,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from lancetx.commit.committer import (
+from lancetx.commit.engine.committer import (
     CommitOptions,
     Committed,
     Parent,
@@ -37,15 +37,16 @@ from lancetx.commit.committer import (
     commit_transaction,
     load_parent,
 )
+from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import LancetxError
-from lancetx.commit.fragments import fragment_from_pylance
-from lancetx.commit.handler import CommitHandler, ManifestLocation
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore
-from lancetx.commit.operations import Append, Transaction
-from lancetx.commit.s3store import conditional_headers
-from lancetx.commit.s3store_async import AsyncObjectStore
-from lancetx.commit.snapshot import load_snapshot
+from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.snapshot import load_snapshot
+from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
+from lancetx.commit.storage.s3store import conditional_headers
+from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table, make_client

@@ -30,10 +30,11 @@ from protocol_helpers import (
     pylance_create,
 )
 
-from lancetx.commit.handler import ManifestLocation, VersionAlreadyExistsError
-from lancetx.commit.naming import NamingScheme, manifest_key
-from lancetx.commit.s3store import S3Config, S3ObjectStore
-from lancetx.commit.s3store_async import AsyncS3ObjectStore
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.handlers.interface import VersionAlreadyExistsError
+from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
+from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.externalstore.commit_handler import (
     AsyncExternalStoreCommitHandler,
     ExternalStoreCommitHandler,

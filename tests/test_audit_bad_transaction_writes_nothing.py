@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from engine_helpers import EngineTable, delete_transaction, make_table
 
-from lancetx.commit.builder import InvalidTransactionError
-from lancetx.commit.operations import Delete, Transaction, Update
+from lancetx.commit.engine.builder import InvalidTransactionError
+from lancetx.commit.engine.operations import Delete, Transaction, Update
 from lancetx.protos import table_pb2
 
 
@@ -54,7 +54,7 @@ def test_strict_commit_that_learns_the_table_moved_by_losing_writes_no_file(
     """Issue 3: "a strict commit against a table that moved returns the mismatch
     error and writes nothing" -- also when the writer holds a stale parent and
     only learns of the move by losing the race (today a .txn file is left)."""
-    from lancetx.commit.committer import CommitOptions
+    from lancetx.commit.engine.committer import CommitOptions
     from lancetx.commit.errors import ExpectedVersionMismatchError
 
     read = table.latest()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from engine_helpers import delete_transaction, make_table
 
-from lancetx.commit.committer import commit_transaction, load_parent
-from lancetx.commit.conditional_handler import ConditionalPutCommitHandler
-from lancetx.commit.localstore import LocalObjectStore
+from lancetx.commit.engine.committer import commit_transaction, load_parent
+from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
+from lancetx.commit.storage.localstore import LocalObjectStore
 
 COMMITTED = 3  # versions committed after ours was planned
 

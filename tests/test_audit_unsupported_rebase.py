@@ -16,9 +16,9 @@ import pytest
 from conflict_cases import generation, mem_wal_index
 from engine_helpers import make_table
 
-from lancetx.commit.conflicts import Outcome, RebaseKind, classify
+from lancetx.commit.engine.conflicts import Outcome, RebaseKind, classify
+from lancetx.commit.engine.operations import MEM_WAL_INDEX_NAME, CreateIndex, Transaction
 from lancetx.commit.errors import RetryableConflictError
-from lancetx.commit.operations import MEM_WAL_INDEX_NAME, CreateIndex, Transaction
 
 
 def _mem_wal(*gens):  # type: ignore[no-untyped-def]

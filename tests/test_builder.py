@@ -17,8 +17,7 @@ import pytest
 from google.protobuf import any_pb2, unknown_fields
 from pyroaring import BitMap
 
-from lancetx.commit import rowids
-from lancetx.commit.builder import (
+from lancetx.commit.engine.builder import (
     DEFAULT_DATA_STORAGE_VERSION,
     MEM_WAL_INDEX_NAME,
     BuiltManifest,
@@ -29,11 +28,17 @@ from lancetx.commit.builder import (
     serialize_bitmap,
 )
 from lancetx.commit.errors import CommitError, UnsupportedFeatureError
-from lancetx.commit.listing import list_manifest_locations
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.manifest import decode_manifest
-from lancetx.commit.transaction_file import read_transaction_of
-from lancetx.commit.versioning import LIBRARY_NAME, library_version, split_version, writer_version
+from lancetx.commit.format import rowids
+from lancetx.commit.format.listing import list_manifest_locations
+from lancetx.commit.format.manifest import decode_manifest
+from lancetx.commit.format.transaction_file import read_transaction_of
+from lancetx.commit.format.versioning import (
+    LIBRARY_NAME,
+    library_version,
+    split_version,
+    writer_version,
+)
+from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.protos import file_pb2, rowids_pb2, table_pb2, transaction_pb2
 
 Txn = transaction_pb2.Transaction

@@ -33,14 +33,21 @@ from engine_helpers import (
     snapshot_of,
 )
 
-from lancetx.commit.builder import InvalidTransactionError
-from lancetx.commit.committer import (
+from lancetx.commit.engine.builder import InvalidTransactionError
+from lancetx.commit.engine.committer import (
     CommitOptions,
     Committed,
     RetryPolicy,
     commit_transaction,
 )
-from lancetx.commit.conditional_handler import ConditionalPutCommitHandler
+from lancetx.commit.engine.operations import (
+    COMMIT_MESSAGE_KEY,
+    Delete,
+    Restore,
+    Transaction,
+    UpdateConfig,
+    update_map,
+)
 from lancetx.commit.errors import (
     CommitError,
     ExpectedVersionMismatchError,
@@ -50,18 +57,11 @@ from lancetx.commit.errors import (
     UnsupportedOperationError,
     VersionNotFoundError,
 )
-from lancetx.commit.manifest import decode_manifest, encode_manifest
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.operations import (
-    COMMIT_MESSAGE_KEY,
-    Delete,
-    Restore,
-    Transaction,
-    UpdateConfig,
-    update_map,
-)
-from lancetx.commit.s3store import S3Config, S3ObjectStore
-from lancetx.commit.transaction_file import read_transaction_file
+from lancetx.commit.format.manifest import decode_manifest, encode_manifest
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.transaction_file import read_transaction_file
+from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
+from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.protos import table_pb2
@@ -368,7 +368,7 @@ def test_a_writer_that_always_loses_exhausts_its_attempts(
     table: EngineTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("lancetx.commit.committer.time.sleep", slept.append)
+    monkeypatch.setattr("lancetx.commit.engine.committer.time.sleep", slept.append)
     losing = LosingHandler(table.handler, losses=10**6)
     txn = append_transaction(table, rows(100, 5), table.latest())
     policy = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.02)
@@ -390,7 +390,7 @@ def test_a_writer_that_always_loses_exhausts_its_attempts(
 def test_a_writer_that_loses_a_few_times_lands(
     table: EngineTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lancetx.commit.committer.time.sleep", lambda _: None)
+    monkeypatch.setattr("lancetx.commit.engine.committer.time.sleep", lambda _: None)
     losing = LosingHandler(table.handler, losses=2)
     txn = append_transaction(table, rows(100, 5), table.latest())
     committed = commit_transaction(
@@ -407,7 +407,7 @@ def test_a_writer_that_loses_to_real_winners_retries_at_once(
     """Lost races whose winners are visible: the retry waits at most one slot
     (a random part of how long the lost attempt took), never a long backoff."""
     slept: list[float] = []
-    monkeypatch.setattr("lancetx.commit.committer.time.sleep", slept.append)
+    monkeypatch.setattr("lancetx.commit.engine.committer.time.sleep", slept.append)
     read = table.latest()
     txn = append_transaction(table, rows(100, 5), read)
 

@@ -1,7 +1,7 @@
 """The conflict matrix: every ordered pair of the 15 operations, read against the spec.
 
 The data lives in ``conflict_cases.py``; these tests check that
-:func:`lancetx.commit.conflicts.classify` answers every cell and variant as the
+:func:`lancetx.commit.engine.conflicts.classify` answers every cell and variant as the
 data says, that the data covers all 225 cells, that every answer is where the
 spec's lists allow it (or marked as Lance's, where the spec is silent), and that
 Lance's own ``test_conflicts`` tables are reproduced with their divergences marked.
@@ -27,7 +27,7 @@ from conflict_cases import (
     spec_outcomes,
 )
 
-from lancetx.commit.conflicts import (
+from lancetx.commit.engine.conflicts import (
     RULES,
     ConflictContext,
     Outcome,
@@ -35,7 +35,7 @@ from lancetx.commit.conflicts import (
     classify,
     classify_all,
 )
-from lancetx.commit.operations import (
+from lancetx.commit.engine.operations import (
     Delete,
     OperationKind,
     Rewrite,
@@ -215,7 +215,7 @@ def test_unknown_read_state_is_assumed_changed() -> None:
 
 
 def test_deprecated_update_config_fields_count_as_config_changes() -> None:
-    from lancetx.commit.operations import UpdateConfig, update_map
+    from lancetx.commit.engine.operations import UpdateConfig, update_map
 
     old_style = Transaction(3, UpdateConfig(upsert_values={"k": "1"}))
     new_style = Transaction(3, UpdateConfig(config_updates=update_map({"k": None})))

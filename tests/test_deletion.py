@@ -11,19 +11,19 @@ import pytest
 from lance_fixtures import build_history_table, build_simple_table, store_listing
 from pyroaring import BitMap
 
-from lancetx.commit import naming
-from lancetx.commit.deletion import (
+from lancetx.commit.errors import DeletionFileError, UnsupportedFeatureError
+from lancetx.commit.format import naming
+from lancetx.commit.format.deletion import (
     BITMAP_THRESHOLD,
     choose_file_type,
     deletion_file_key,
     read_deletion_vector,
     write_deletion_vector,
 )
-from lancetx.commit.errors import DeletionFileError, UnsupportedFeatureError
-from lancetx.commit.listing import latest_manifest_location
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.manifest import FLAG_DELETION_FILES, encode_manifest, read_manifest
-from lancetx.commit.snapshot import load_version
+from lancetx.commit.format.listing import latest_manifest_location
+from lancetx.commit.format.manifest import FLAG_DELETION_FILES, encode_manifest, read_manifest
+from lancetx.commit.format.snapshot import load_version
+from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.protos import table_pb2, transaction_pb2
 
 ARROW = table_pb2.DeletionFile.ARROW_ARRAY

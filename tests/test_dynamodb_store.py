@@ -20,7 +20,7 @@ import lance
 import pyarrow as pa
 import pytest
 
-from lancetx.commit.naming import NamingScheme, manifest_key
+from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.dynamodb import (
     DEFAULT_REGION,

@@ -43,6 +43,7 @@ from engine_helpers import (
 from lance import LanceOperation
 from lance.commit import CommitConflictError
 
+from lancetx.commit.engine.operations import Delete, Transaction
 from lancetx.commit.errors import (
     CommitConflictError as OurConflictError,
 )
@@ -50,7 +51,6 @@ from lancetx.commit.errors import (
     IncompatibleConflictError,
     RetryableConflictError,
 )
-from lancetx.commit.operations import Delete, Transaction
 
 BASE = frozenset(range(20))  # fragment 0: a = 0..9, fragment 1: a = 10..19 (v2)
 OURS_APPENDED = frozenset(range(100, 105))

@@ -15,7 +15,7 @@ from google.protobuf import unknown_fields
 from lance.fragment import FragmentMetadata, write_fragments
 
 from lancetx.commit.errors import UnsupportedFeatureError
-from lancetx.commit.fragments import (
+from lancetx.commit.format.fragments import (
     OVERLAYS_FEATURE_FLAG,
     OVERLAYS_FIELD_NUMBER,
     SPILLED_CREATED_AT_FIELD_NUMBER,

@@ -39,7 +39,7 @@ from protocol_helpers import (
     verify_history,
 )
 
-from lancetx.commit.committer import Committed
+from lancetx.commit.engine.committer import Committed
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 

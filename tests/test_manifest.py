@@ -15,11 +15,10 @@ from lance_fixtures import (
     store_listing,
 )
 
-from lancetx.commit import naming
 from lancetx.commit.errors import ManifestFormatError, UnsupportedFeatureError
-from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.manifest import (
+from lancetx.commit.format import naming
+from lancetx.commit.format.listing import latest_manifest_location, list_manifest_locations
+from lancetx.commit.format.manifest import (
     FLAG_BASE_PATHS,
     FLAG_DELETION_FILES,
     FLAG_STABLE_ROW_IDS,
@@ -32,9 +31,10 @@ from lancetx.commit.manifest import (
     encode_manifest,
     read_manifest,
 )
-from lancetx.commit.objectstore import ObjectMeta
-from lancetx.commit.snapshot import load_version
-from lancetx.commit.transaction_file import read_transaction_of
+from lancetx.commit.format.snapshot import load_version
+from lancetx.commit.format.transaction_file import read_transaction_of
+from lancetx.commit.storage.localstore import LocalObjectStore
+from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.protos import file_pb2, table_pb2, transaction_pb2
 
 # ------------------------------------------------------------------ helpers

@@ -32,12 +32,12 @@ from protocol_helpers import (
     verify_history,
 )
 
-from lancetx.commit.committer import Committed, load_parent
-from lancetx.commit.handler import ManifestLocation
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectMeta
-from lancetx.commit.snapshot import load_snapshot
+from lancetx.commit.engine.committer import Committed, load_parent
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.snapshot import load_snapshot
+from lancetx.commit.storage.localstore import LocalObjectStore
+from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws

@@ -16,10 +16,10 @@ from lancetx.commit.errors import (
     ObjectStoreError,
     StorageOptionError,
 )
-from lancetx.commit.localstore import TEMP_MARKER, LocalObjectStore, is_temp_name, temp_name
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.s3store import UNKNOWN_SIZE, S3Config, S3ObjectStore
-from lancetx.commit.stores import open_object_store
+from lancetx.commit.storage.localstore import TEMP_MARKER, LocalObjectStore, is_temp_name, temp_name
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.s3store import UNKNOWN_SIZE, S3Config, S3ObjectStore
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.embedded import DEFAULT_REGION, FAKE_ACCESS_KEY, FAKE_SECRET_KEY
 
 ODD_KEYS = ["with space/a b.bin", "unicodé/日本/ß.manifest", "plus+and%percent/x=1&y"]

@@ -17,11 +17,8 @@ import pytest
 from google.protobuf.any_pb2 import Any as AnyPb
 from pyroaring import BitMap
 
-from lancetx.commit import manifest as manifest_file
-from lancetx.commit.conflicts import Outcome, classify
-from lancetx.commit.errors import TransactionFileError
-from lancetx.commit.naming import parse_manifest_name
-from lancetx.commit.operations import (
+from lancetx.commit.engine.conflicts import Outcome, classify
+from lancetx.commit.engine.operations import (
     COMMIT_MESSAGE_KEY,
     FRAG_REUSE_INDEX_NAME,
     MEM_WAL_INDEX_NAME,
@@ -59,6 +56,9 @@ from lancetx.commit.operations import (
     operation_from_proto,
     update_map,
 )
+from lancetx.commit.errors import TransactionFileError
+from lancetx.commit.format import manifest as manifest_file
+from lancetx.commit.format.naming import parse_manifest_name
 from lancetx.protos import table_pb2, transaction_pb2
 
 # ------------------------------------------------------------------ samples

@@ -53,12 +53,12 @@ from protocol_helpers import (
     verify_history,
 )
 
-from lancetx.commit.committer import Committed
+from lancetx.commit.engine.committer import Committed
 from lancetx.commit.errors import LancetxError, TransientObjectStoreError
-from lancetx.commit.handler import CommitStateUnknownError, VersionAlreadyExistsError
-from lancetx.commit.listing import list_manifest_locations
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.naming import NamingScheme, manifest_key
+from lancetx.commit.format.listing import list_manifest_locations
+from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
+from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.naming import NamingScheme
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.errors import AccessDeniedError, ThrottledError
 from lancetx.externalstore.memory import MemoryManifestStore

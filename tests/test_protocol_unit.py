@@ -20,9 +20,9 @@ from lancetx.commit.errors import (
     ObjectNotFoundError,
     TransientObjectStoreError,
 )
-from lancetx.commit.handler import CommitStateUnknownError, VersionAlreadyExistsError
-from lancetx.commit.naming import NamingScheme, manifest_key, staged_manifest_key
-from lancetx.commit.objectstore import ObjectMeta
+from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
+from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
+from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,

@@ -31,31 +31,31 @@ from lance_fixtures import (
     rows,
 )
 
-from lancetx.commit import naming
-from lancetx.commit.deletion import read_deletion_vector
 from lancetx.commit.errors import (
     DatasetNotFoundError,
     ManifestFormatError,
     VersionNotFoundError,
 )
-from lancetx.commit.handler import ManifestLocation
-from lancetx.commit.listing import (
+from lancetx.commit.format import naming
+from lancetx.commit.format.deletion import read_deletion_vector
+from lancetx.commit.format.listing import (
     MixedNamingSchemesError,
     detect_table_scheme,
     latest_manifest_location,
     list_manifest_locations,
 )
-from lancetx.commit.manifest import encode_manifest, read_manifest
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.s3store import S3ObjectStore
-from lancetx.commit.snapshot import Snapshot, load_snapshot, load_version
-from lancetx.commit.stores import open_object_store
-from lancetx.commit.transaction_file import read_transaction_file
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import encode_manifest, read_manifest
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.snapshot import Snapshot, load_snapshot, load_version
+from lancetx.commit.format.transaction_file import read_transaction_file
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.s3store import S3ObjectStore
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.protos import table_pb2
 
-HAVE_SCHEMA = importlib.util.find_spec("lancetx.commit.schema") is not None
+HAVE_SCHEMA = importlib.util.find_spec("lancetx.commit.format.schema") is not None
 
 _BUILDERS = {"history": build_history_table, "stable_row_ids": build_stable_row_id_table}
 _PARAMS = [

@@ -25,9 +25,9 @@ from engine_helpers import (
     snapshot_of,
 )
 
-from lancetx.commit.committer import Committed, commit_transaction
+from lancetx.commit.engine.committer import Committed, commit_transaction
+from lancetx.commit.engine.operations import Delete, Transaction
 from lancetx.commit.errors import RetryableConflictError
-from lancetx.commit.operations import Delete, Transaction
 from lancetx.protos import table_pb2
 
 PARENTS = ["resolved", "stale-held"]

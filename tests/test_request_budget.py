@@ -28,11 +28,11 @@ from protocol_helpers import (
     pylance_create,
 )
 
-from lancetx.commit.committer import Committed, Parent, load_parent
-from lancetx.commit.manifest import read_manifest_at
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.s3store import S3Config
-from lancetx.commit.s3store_async import AsyncS3ObjectStore
+from lancetx.commit.engine.committer import Committed, Parent, load_parent
+from lancetx.commit.format.manifest import read_manifest_at
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.s3store import S3Config
+from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.externalstore.commit_handler import (
     AsyncExternalStoreCommitHandler,
     ExternalStoreCommitHandler,

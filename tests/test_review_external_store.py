@@ -45,8 +45,8 @@ from protocol_helpers import (
     verify_history,
 )
 
-from lancetx.commit.committer import Parent, commit_transaction, load_parent
-from lancetx.commit.conditional_handler import ConditionalPutCommitHandler
+from lancetx.commit.engine.committer import Parent, commit_transaction, load_parent
+from lancetx.commit.engine.operations import Delete
 from lancetx.commit.errors import (
     InvalidCommitError,
     LancetxError,
@@ -54,18 +54,18 @@ from lancetx.commit.errors import (
     RetryableConflictError,
     TransientObjectStoreError,
 )
-from lancetx.commit.handler import (
+from lancetx.commit.format.listing import list_manifest_locations
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import read_manifest
+from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
+from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
+from lancetx.commit.handlers.interface import (
     CommitHandler,
     CommitStateUnknownError,
-    ManifestLocation,
     VersionAlreadyExistsError,
 )
-from lancetx.commit.listing import list_manifest_locations
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.manifest import read_manifest
-from lancetx.commit.naming import NamingScheme, manifest_key, staged_manifest_key
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore
-from lancetx.commit.operations import Delete
+from lancetx.commit.storage.localstore import LocalObjectStore
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import (

@@ -19,8 +19,8 @@ from lancetx.commit.errors import (
     TransientObjectStoreError,
     UnsupportedOperationError,
 )
-from lancetx.commit.s3store import S3Config, S3ObjectStore
-from lancetx.commit.stores import open_object_store
+from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,

@@ -16,8 +16,8 @@ from lancetx.commit.errors import (
     TransientObjectStoreError,
     UnsupportedOperationError,
 )
-from lancetx.commit.s3store import UNKNOWN_SIZE, S3Config
-from lancetx.commit.s3store_async import AsyncObjectStore, AsyncS3ObjectStore
+from lancetx.commit.storage.s3store import UNKNOWN_SIZE, S3Config
+from lancetx.commit.storage.s3store_async import AsyncObjectStore, AsyncS3ObjectStore
 from lancetx.externalstore.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from lancetx.commit.errors import SchemaConversionError
-from lancetx.commit.schema import (
+from lancetx.commit.format.schema import (
     arrow_schema_to_fields,
     fields_to_arrow_schema,
     max_field_id,

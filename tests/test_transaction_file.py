@@ -11,17 +11,17 @@ import pyarrow as pa
 import pytest
 from lance_fixtures import PylanceTable, build_simple_table, store_listing
 
-from lancetx.commit import naming
 from lancetx.commit.errors import ObjectNotFoundError, TransactionFileError
-from lancetx.commit.listing import list_manifest_locations
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.manifest import encode_manifest, read_manifest
-from lancetx.commit.transaction_file import (
+from lancetx.commit.format import naming
+from lancetx.commit.format.listing import list_manifest_locations
+from lancetx.commit.format.manifest import encode_manifest, read_manifest
+from lancetx.commit.format.transaction_file import (
     read_transaction_file,
     read_transaction_of,
     transaction_file_name,
     write_transaction_file,
 )
+from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.protos import transaction_pb2
 
 

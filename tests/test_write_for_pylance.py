@@ -30,19 +30,19 @@ from lance.dataset import LanceOperation
 from lance.fragment import write_fragments
 from pyroaring import BitMap
 
-from lancetx.commit import naming
-from lancetx.commit.builder import BuiltManifest, build_manifest
-from lancetx.commit.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.engine.builder import BuiltManifest, build_manifest
 from lancetx.commit.errors import DatasetNotFoundError
-from lancetx.commit.fragments import fragment_from_pylance
-from lancetx.commit.listing import detect_table_scheme
-from lancetx.commit.manifest import decode_manifest, encode_manifest
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.schema import arrow_schema_to_fields
-from lancetx.commit.snapshot import Snapshot, load_version
-from lancetx.commit.stores import open_object_store
-from lancetx.commit.transaction_file import write_transaction_file
+from lancetx.commit.format import naming
+from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.commit.format.listing import detect_table_scheme
+from lancetx.commit.format.manifest import decode_manifest, encode_manifest
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.schema import arrow_schema_to_fields
+from lancetx.commit.format.snapshot import Snapshot, load_version
+from lancetx.commit.format.transaction_file import write_transaction_file
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.protos import table_pb2, transaction_pb2
 
 Txn = transaction_pb2.Transaction

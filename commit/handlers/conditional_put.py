@@ -20,15 +20,15 @@ from lancetx.commit.errors import (
     UnsupportedOperationError,
     VersionNotFoundError,
 )
-from lancetx.commit.handler import (
+from lancetx.commit.format.listing import latest_manifest_location, list_manifest_locations
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.handlers.interface import (
     CommitHandler,
     CommitStateUnknownError,
-    ManifestLocation,
     VersionAlreadyExistsError,
 )
-from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
-from lancetx.commit.naming import NamingScheme, manifest_key
-from lancetx.commit.objectstore import ObjectStore
+from lancetx.commit.storage.objectstore import ObjectStore
 
 
 class ConditionalPutCommitHandler(CommitHandler):

@@ -4,7 +4,7 @@ This is how Lance finds versions when no external manifest store is involved,
 and how it finds transactions to check for conflicts even when one is
 (``list_manifest_locations`` is not overridden by the DynamoDB handler).
 
-Only final manifest names count (:func:`lancetx.commit.naming.parse_manifest_name`):
+Only final manifest names count (:func:`lancetx.commit.format.naming.parse_manifest_name`):
 staged ``…manifest-{uuid}`` names, ``latest_version_hint.json``, detached
 ``d…manifest`` versions and anything else are skipped. A directory holding
 both V1 and V2 names is refused, as Lance refuses it.
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from lancetx.commit import naming
 from lancetx.commit.errors import FormatError
-from lancetx.commit.handler import ManifestLocation
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore
+from lancetx.commit.format import naming
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
 
 class MixedNamingSchemesError(FormatError):

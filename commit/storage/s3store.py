@@ -1,4 +1,4 @@
-"""An :class:`~lancetx.commit.objectstore.ObjectStore` over S3 (boto3).
+"""An :class:`~lancetx.commit.storage.objectstore.ObjectStore` over S3 (boto3).
 
 Two kinds of bucket are served by the same class:
 
@@ -13,7 +13,7 @@ Two kinds of bucket are served by the same class:
 
 Every botocore failure is translated into the lancetx error hierarchy by one
 function, :func:`translate_s3_error`, which the asyncio store
-(:mod:`lancetx.commit.s3store_async`) uses as well.
+(:mod:`lancetx.commit.storage.s3store_async`) uses as well.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Final
 import botocore.exceptions as bce
 from botocore.config import Config
 
-from lancetx.commit.aws_clients import make_client as make_shared_client
 from lancetx.commit.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
@@ -36,7 +35,8 @@ from lancetx.commit.errors import (
     TransientObjectStoreError,
     UnsupportedOperationError,
 )
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
+from lancetx.commit.storage.aws_clients import make_client as make_shared_client
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client

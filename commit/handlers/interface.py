@@ -10,28 +10,11 @@ conditional PUT on S3 that supports it, or a conditional PutItem in DynamoDB
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 
 from lancetx.commit.errors import CommitError
-from lancetx.commit.naming import NamingScheme
-from lancetx.commit.objectstore import ObjectStore
-
-
-@dataclass(frozen=True)
-class ManifestLocation:
-    """Where the manifest of one version lives. ``size``/``etag`` are None when unknown.
-
-    ``alternate_key`` is where the same bytes are found if ``key`` is gone: a
-    staged manifest (``…manifest-{uuid}``) is deleted once it has been copied to
-    its final name, so a reader that lost that race reads the final name.
-    """
-
-    version: int
-    key: str
-    scheme: NamingScheme
-    size: int | None = None
-    etag: str | None = None
-    alternate_key: str | None = None
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.objectstore import ObjectStore
 
 
 class VersionAlreadyExistsError(CommitError):
@@ -69,7 +52,7 @@ class CommitHandler(abc.ABC):
     """Resolves manifest locations and claims new versions for tables in one object store.
 
     ``base`` arguments are table base keys inside ``store`` (see
-    :mod:`lancetx.commit.objectstore`).
+    :mod:`lancetx.commit.storage.objectstore`).
     """
 
     store: ObjectStore

@@ -1,6 +1,6 @@
 """A read-only view of one version of a table.
 
-:func:`load_snapshot` turns a :class:`~lancetx.commit.handler.ManifestLocation`
+:func:`load_snapshot` turns a :class:`~lancetx.commit.handlers.interface.ManifestLocation`
 from any source (a listing, a commit handler, an external manifest store) into
 a :class:`Snapshot`; :func:`load_version` finds the location by listing.
 """
@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 from pyroaring import BitMap
 
-from lancetx.commit import naming
-from lancetx.commit.deletion import read_deletion_vector
 from lancetx.commit.errors import (
     DatasetNotFoundError,
     ManifestFormatError,
     ObjectNotFoundError,
     VersionNotFoundError,
 )
-from lancetx.commit.handler import ManifestLocation
-from lancetx.commit.listing import latest_manifest_location, list_manifest_locations
-from lancetx.commit.manifest import ManifestFile, read_manifest_at
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.transaction_file import read_transaction_of
+from lancetx.commit.format import naming
+from lancetx.commit.format.deletion import read_deletion_vector
+from lancetx.commit.format.listing import latest_manifest_location, list_manifest_locations
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import ManifestFile, read_manifest_at
+from lancetx.commit.format.transaction_file import read_transaction_of
+from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2, transaction_pb2
 
 if TYPE_CHECKING:
@@ -152,11 +152,11 @@ class Snapshot:
 
     @property
     def schema(self) -> pa.Schema:
-        """The Arrow schema, converted by :mod:`lancetx.commit.schema`."""
+        """The Arrow schema, converted by :mod:`lancetx.commit.format.schema`."""
         try:
-            module = importlib.import_module("lancetx.commit.schema")
+            module = importlib.import_module("lancetx.commit.format.schema")
         except ImportError as exc:  # pragma: no cover - depends on the checkout
-            raise NotImplementedError("lancetx.commit.schema is not available") from exc
+            raise NotImplementedError("lancetx.commit.format.schema is not available") from exc
         schema: pa.Schema = module.fields_to_arrow_schema(
             list(self.manifest.fields), dict(self.manifest.schema_metadata)
         )

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from lancetx.commit.operations import (
+from lancetx.commit.engine.operations import (
     CreateIndex,
     DataFragment,
     DataReplacement,

@@ -8,9 +8,9 @@ from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from lancetx.commit.errors import InvalidUriError
-from lancetx.commit.localstore import LocalObjectStore
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.s3store import S3Config, S3ObjectStore, parse_bool_option
+from lancetx.commit.storage.localstore import LocalObjectStore
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.s3store import S3Config, S3ObjectStore, parse_bool_option
 
 #: Storage option that declares an S3 bucket legacy (see :class:`S3ObjectStore`).
 LEGACY_S3_OPTION: Final = "lancetx_legacy_s3"

@@ -44,11 +44,11 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from pyroaring import BitMap
 
-from lancetx.commit import rowids
 from lancetx.commit.errors import CommitError, LancetxError, UnsupportedFeatureError
-from lancetx.commit.fragments import OVERLAYS_FEATURE_FLAG, SPILLED_ROW_LINEAGE_FEATURE_FLAG
-from lancetx.commit.manifest import clear_file_positions
-from lancetx.commit.versioning import writer_version
+from lancetx.commit.format import rowids
+from lancetx.commit.format.fragments import OVERLAYS_FEATURE_FLAG, SPILLED_ROW_LINEAGE_FEATURE_FLAG
+from lancetx.commit.format.manifest import clear_file_positions
+from lancetx.commit.format.versioning import writer_version
 from lancetx.protos import file_pb2, table_pb2, transaction_pb2
 
 Manifest = table_pb2.Manifest
@@ -72,7 +72,7 @@ FLAG_DISABLE_TRANSACTION_FILE = 32
 #: higher bits (pylance 14: 64 = data overlays, ...) are features we do not build.
 KNOWN_FEATURE_FLAGS = 63
 
-#: Flags of newer Lance releases we can name but do not build (see lancetx.commit.fragments).
+#: Flags of newer Lance releases we can name but do not build (see lancetx.commit.format.fragments).
 _NEWER_FLAG_NAMES = {
     OVERLAYS_FEATURE_FLAG: "data overlays",
     SPILLED_ROW_LINEAGE_FEATURE_FLAG: "spilled row lineage",

@@ -27,9 +27,17 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from lancetx.commit.builder import build_manifest
-from lancetx.commit.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
-from lancetx.commit.deletion import deletion_file_key
+from lancetx.commit.engine.builder import build_manifest
+from lancetx.commit.engine.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
+from lancetx.commit.engine.operations import (
+    COMMIT_MESSAGE_KEY,
+    FRAG_REUSE_INDEX_NAME,
+    Restore,
+    Rewrite,
+    Transaction,
+)
+from lancetx.commit.engine.rebase import rebase_transaction
+from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
@@ -39,34 +47,26 @@ from lancetx.commit.errors import (
     RetriesExhaustedError,
     RetryableConflictError,
 )
-from lancetx.commit.handler import (
-    CommitHandler,
-    CommitStateUnknownError,
-    ManifestLocation,
-    VersionAlreadyExistsError,
-)
-from lancetx.commit.manifest import (
+from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import (
     ManifestFile,
     check_writer_flags,
     encode_manifest,
     read_manifest_at,
 )
-from lancetx.commit.naming import NamingScheme, transaction_key
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.operations import (
-    COMMIT_MESSAGE_KEY,
-    FRAG_REUSE_INDEX_NAME,
-    Restore,
-    Rewrite,
-    Transaction,
-)
-from lancetx.commit.rebase import rebase_transaction
-from lancetx.commit.retry import RetryPolicy
-from lancetx.commit.transaction_file import (
+from lancetx.commit.format.naming import NamingScheme, transaction_key
+from lancetx.commit.format.transaction_file import (
     read_transaction_of,
     transaction_file_name,
     write_transaction_file,
 )
+from lancetx.commit.handlers.interface import (
+    CommitHandler,
+    CommitStateUnknownError,
+    VersionAlreadyExistsError,
+)
+from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
 
 log = logging.getLogger(__name__)

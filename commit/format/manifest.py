@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from lancetx.commit.errors import ManifestFormatError, ObjectNotFoundError, UnsupportedFeatureError
-from lancetx.commit.handler import ManifestLocation
-from lancetx.commit.objectstore import ObjectStore
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2, transaction_pb2
 
 MAGIC = b"LANC"
@@ -67,7 +67,7 @@ FEATURE_FLAG_NAMES: Mapping[int, str] = {
 
 #: Reader flags lancetx can honour: reading manifests, transactions and deletion
 #: vectors of such tables is correct. (Deletion files stored under another base
-#: path are refused at use, see :mod:`lancetx.commit.deletion`.)
+#: path are refused at use, see :mod:`lancetx.commit.format.deletion`.)
 READER_FLAGS: Mapping[int, str] = dict(FEATURE_FLAG_NAMES)
 
 #: Writer flags lancetx can honour when committing: the manifest builder

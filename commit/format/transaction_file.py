@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from lancetx.commit import naming
 from lancetx.commit.errors import TransactionFileError
-from lancetx.commit.manifest import ManifestFile
-from lancetx.commit.objectstore import ObjectStore
+from lancetx.commit.format import naming
+from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import transaction_pb2
 
 

@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyroaring import BitMap
 
-from lancetx.commit import naming
 from lancetx.commit.errors import DeletionFileError, UnsupportedFeatureError
-from lancetx.commit.manifest import FLAG_BASE_PATHS
-from lancetx.commit.objectstore import ObjectStore
+from lancetx.commit.format import naming
+from lancetx.commit.format.manifest import FLAG_BASE_PATHS
+from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
 
 #: More deleted rows than this are written as a bitmap, fewer or equal as an Arrow array.

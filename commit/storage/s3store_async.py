@@ -1,9 +1,9 @@
 """The object-store interface as coroutines, and its S3 implementation over aioboto3.
 
-:class:`AsyncS3ObjectStore` behaves like :class:`~lancetx.commit.s3store.S3ObjectStore`
+:class:`AsyncS3ObjectStore` behaves like :class:`~lancetx.commit.storage.s3store.S3ObjectStore`
 request for request: the same S3 calls, the same legacy rule (never a
 conditional header), and the same errors, because both translate botocore
-failures with :func:`~lancetx.commit.s3store.translate_s3_error`.
+failures with :func:`~lancetx.commit.storage.s3store.translate_s3_error`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import aiohttp
 from aiobotocore.config import AioConfig
 
 from lancetx.commit.errors import ObjectNotFoundError
-from lancetx.commit.objectstore import ObjectMeta, StoreCapabilities
-from lancetx.commit.s3store import (
+from lancetx.commit.storage.objectstore import ObjectMeta, StoreCapabilities
+from lancetx.commit.storage.s3store import (
     DEFAULT_PAGE_SIZE,
     S3Config,
     check_key,
@@ -43,7 +43,7 @@ _ASYNC_TRANSIENT: tuple[type[BaseException], ...] = (aiohttp.ClientError, asynci
 
 
 class AsyncObjectStore(abc.ABC):
-    """:class:`~lancetx.commit.objectstore.ObjectStore` as coroutines; ``list`` returns a list."""
+    """:class:`~lancetx.commit.storage.objectstore.ObjectStore` as coroutines; ``list`` returns a list."""
 
     capabilities: StoreCapabilities
 
@@ -110,7 +110,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
     environment); its one S3 client is opened on first use and closed by
     :meth:`close` or ``async with``. The store belongs to the event loop it was
     first used on. ``legacy``, ``consistent_list`` and ``page_size`` mean what
-    they mean for :class:`~lancetx.commit.s3store.S3ObjectStore`; a legacy
+    they mean for :class:`~lancetx.commit.storage.s3store.S3ObjectStore`; a legacy
     store's client also carries the ``before-send`` guard that refuses
     conditional headers.
     """
@@ -277,7 +277,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return ObjectMeta(key=key, size=len(data), etag=response.get("ETag"))
 
     async def put_if_not_exists(self, key: str, data: bytes) -> ObjectMeta:
-        """As :meth:`S3ObjectStore.put_if_not_exists <lancetx.commit.s3store.S3ObjectStore.put_if_not_exists>`."""
+        """As :meth:`S3ObjectStore.put_if_not_exists <lancetx.commit.storage.s3store.S3ObjectStore.put_if_not_exists>`."""
         check_key(key)
         if self.legacy:
             raise legacy_put_if_not_exists_error(self.bucket, key)

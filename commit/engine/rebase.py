@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 
 from pyroaring import BitMap
 
-from lancetx.commit.conflicts import RebaseKind, RebaseNeeded
-from lancetx.commit.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.engine.conflicts import RebaseKind, RebaseNeeded
+from lancetx.commit.engine.operations import DataFragment, Delete, Transaction, Update
 from lancetx.commit.errors import RetryableConflictError
-from lancetx.commit.objectstore import ObjectStore
-from lancetx.commit.operations import DataFragment, Delete, Transaction, Update
+from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
 
 

@@ -14,7 +14,7 @@ flat ``Rewrite`` fragment lists, and fields this version of lancetx does not
 know (kept as raw bytes in ``unknown_fields`` and written back).
 
 Besides its data, every operation answers the questions conflict resolution
-asks (:mod:`lancetx.commit.conflicts`): which existing fragments it modifies or
+asks (:mod:`lancetx.commit.engine.conflicts`): which existing fragments it modifies or
 removes, which fragments it adds, whether it changes the schema, which config
 keys it touches, which fields and fragments its indices cover.
 """
@@ -32,7 +32,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from pyroaring import BitMap
 
 from lancetx.commit.errors import TransactionFileError
-from lancetx.commit.naming import transaction_file_name
+from lancetx.commit.format.naming import transaction_file_name
 from lancetx.protos import file_pb2, table_pb2, transaction_pb2
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""An :class:`~lancetx.commit.objectstore.ObjectStore` on the local filesystem.
+"""An :class:`~lancetx.commit.storage.objectstore.ObjectStore` on the local filesystem.
 
 Writes are crash-safe: an object is written to a temporary file in the same
 directory, fsynced, then moved into place (``os.replace``, or ``os.link`` for
@@ -25,7 +25,7 @@ from lancetx.commit.errors import (
     ObjectStoreError,
     UnsupportedOperationError,
 )
-from lancetx.commit.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 
 TEMP_MARKER: Final = ".lancetx-tmp-"
 

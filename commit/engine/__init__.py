@@ -1,0 +1,1 @@
+"""Operations, conflict rules, manifest building, rebase, retry policy and the commit loop."""
