@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.engine.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
+from lancetx.commit.engine.events import CommitEvent, CommitObserver, notify
 from lancetx.commit.engine.operations import (
     COMMIT_MESSAGE_KEY,
     FRAG_REUSE_INDEX_NAME,
@@ -74,6 +75,9 @@ log = logging.getLogger(__name__)
 #: How many committed versions are loaded at once while checking conflicts.
 LOAD_PARALLELISM = 8
 
+#: The transaction property holding ``CommitOptions.idempotency_key``.
+IDEMPOTENCY_KEY = "lancetx.idempotency_key"
+
 
 @dataclass(frozen=True)
 class CommitOptions:
@@ -87,6 +91,17 @@ class CommitOptions:
     to a new table (existing tables keep theirs; V2 is pylance 14's default).
     ``inline_transaction`` also embeds the transaction in the manifest, so a
     concurrent writer loads it with the manifest in one GET.
+
+    ``idempotency_key`` (e.g. a Spark job id or a stream's batch id) is stored
+    in the transaction under ``lancetx.idempotency_key``; if a version committed
+    after ours' read version already carries it, that version is returned
+    (``Committed.deduplicated``) instead of committing a second time. The loop
+    checks before claiming and after every lost round; a transaction whose uuid
+    was already committed (a retry after an unknown outcome) is found the same way.
+
+    ``observer`` receives one :class:`~lancetx.commit.engine.events.CommitEvent`
+    per attempt. ``table_uri`` is the URI to name the table by in logs and
+    events (the one the user passed, e.g. ``s3+ddb://…``); default: the store's URI.
     """
 
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -95,17 +110,26 @@ class CommitOptions:
     commit_message: str | None = None
     naming: NamingScheme = NamingScheme.V2
     inline_transaction: bool = True
+    idempotency_key: str | None = None
+    observer: CommitObserver | None = None
+    table_uri: str | None = None
 
 
 @dataclass(frozen=True)
 class Committed:
     """A committed version: where it is, its manifest, and the transaction as committed
-    (after any rebase). Keep it: it is the parent of the next commit, no read needed."""
+    (after any rebase). Keep it: it is the parent of the next commit, no read needed.
+
+    ``deduplicated``: the version was committed earlier with the same idempotency
+    key (or this very transaction); nothing new was committed. ``rebased``: ours
+    was rebased (deletion vectors merged) onto versions committed meanwhile."""
 
     location: ManifestLocation
     manifest: ManifestFile
     transaction: Transaction
     attempts: int
+    deduplicated: bool = False
+    rebased: bool = False
 
     @property
     def version(self) -> int:
@@ -160,7 +184,7 @@ def commit_transaction(
     restore_source = _restore_source(handler, base, ours)
 
     # Versions committed between our read version and the parent we hold.
-    pending: list[tuple[int, Transaction]] = []
+    pending: list[tuple[int, Transaction, Parent]] = []
     read_fragments: dict[int, table_pb2.DataFragment] = {}
     if current is not None and current.version > ours.read_version:
         pending = _load_committed(handler, base, ours.read_version, current.version)
@@ -189,7 +213,7 @@ def _attempts(
     base: str,
     ours: Transaction,
     current: Parent | None,
-    pending: list[tuple[int, Transaction]],
+    pending: list[tuple[int, Transaction, Parent]],
     read_fragments: dict[int, table_pb2.DataFragment],
     restore_source: tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None,
     options: CommitOptions,
@@ -198,12 +222,59 @@ def _attempts(
     """The retry loop of :func:`commit_transaction`; records what it writes in ``written``."""
     store = handler.store
     uri = store.uri(base)
+    shown = options.table_uri or uri
     policy = options.retry
+    first_read = ours.read_version
     next_version = 1
     txn_bytes = b""
-    for attempt in range(1, policy.max_attempts + 1):
+    began = time.perf_counter()
+    rebased_any = False
+    attempt = 0
+
+    def event(outcome: str, version: int | None, started: float) -> None:
+        notify(
+            options.observer,
+            CommitEvent(
+                table_uri=shown,
+                attempt=attempt,
+                outcome=outcome,  # type: ignore[arg-type]
+                read_version=first_read,
+                attempted_version=version,
+                duration_s=time.perf_counter() - started,
+                transaction_uuid=ours.uuid,
+                operation=ours.operation.name,
+                committed_since_read=max(0, (version or 1) - 1 - first_read),
+            ),
+        )
+
+    while True:
+        if attempt > 0 and _out_of_budget(policy, attempt, began):
+            raise RetriesExhaustedError(
+                uri, ours.uuid, attempt, next_version, time.perf_counter() - began
+            )
+        attempt += 1
+        started = time.perf_counter()
         if pending and current is not None:
-            rebased = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
+            mine = _already_committed(ours, pending)
+            if mine is not None:
+                version, theirs, at = mine
+                event("deduplicated", version, started)
+                log.info(
+                    "%s: transaction %s is already committed as version %d (idempotency key %r); "
+                    "not committing it again",
+                    shown,
+                    ours.uuid,
+                    version,
+                    ours.properties.get(IDEMPOTENCY_KEY),
+                )
+                return Committed(at.location, at.manifest, theirs, attempt, deduplicated=True)
+            try:
+                rebased = _check_and_rebase(
+                    handler, base, ours, [(v, t) for v, t, _ in pending], read_fragments, current
+                )
+            except (RetryableConflictError, IncompatibleConflictError):
+                event("conflict", current.version + 1, started)
+                raise
             written.extend(_new_deletion_files(base, ours, rebased))
             if rebased.read_version != ours.read_version:
                 # Rebased onto ``current``: that is now what ours read. A later
@@ -213,6 +284,7 @@ def _attempts(
                 read_fragments = {
                     f.id: f for f in current.manifest.manifest.fragments if f.id in wanted
                 }
+                rebased_any = True
             ours = rebased
             pending = []
         if current is not None and current.location.alternate_key is not None:
@@ -222,7 +294,6 @@ def _attempts(
             # external store, or a copy of the directory, would see a hole otherwise).
             current = Parent(handler.resolve_version(base, current.version), current.manifest)
         next_version = current.version + 1 if current is not None else 1
-        started = time.perf_counter()
         txn_pb = ours.to_proto()
         # Build first: a transaction the builder refuses must leave nothing behind.
         built = build_manifest(
@@ -247,6 +318,15 @@ def _attempts(
         try:
             location = handler.commit(base, next_version, data, scheme)
         except CommitStateUnknownError as unknown:
+            event("unknown", next_version, started)
+            log.warning(
+                "%s: the outcome of claiming version %d for transaction %s is unknown (%s); "
+                "re-open the table and look for the transaction before retrying",
+                shown,
+                next_version,
+                ours.uuid,
+                unknown,
+            )
             if unknown.transaction_uuid == ours.uuid:
                 raise
             # The handler knows its own token (a staged-manifest UUID), not ours: the
@@ -260,16 +340,18 @@ def _attempts(
             ) from unknown
         except VersionAlreadyExistsError:
             if options.expected_version is not None:
+                event("lost", next_version, started)
                 raise ExpectedVersionMismatchError(
                     uri, options.expected_version, _latest_version(handler, base, next_version)
                 ) from None
-            log.debug("lost version %d of %s (attempt %d)", next_version, uri, attempt)
+            log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             slot = time.perf_counter() - started
             newer = _load_newer(handler, base, current.version if current is not None else 0)
+            event("lost", next_version, started)
             if not newer:  # the winner is not visible yet: wait a whole window, then look again
                 time.sleep(policy.window(attempt, slot))
                 continue
-            pending = [(v, t) for v, t, _ in newer]
+            pending = newer
             current = newer[-1][2]
             time.sleep(policy.delay(attempt, slot))
             continue
@@ -281,8 +363,24 @@ def _attempts(
             footer_minor=2,
             size=len(data),
         )
-        return Committed(location, manifest, ours, attempt)
-    raise RetriesExhaustedError(uri, ours.uuid, policy.max_attempts, next_version)
+        event("rebased" if rebased_any else "won", next_version, started)
+        log.info(
+            "%s: committed version %d (%s) in %d attempt(s), %.3f s%s",
+            shown,
+            next_version,
+            ours.operation.name,
+            attempt,
+            time.perf_counter() - began,
+            ", rebased" if rebased_any else "",
+        )
+        return Committed(location, manifest, ours, attempt, rebased=rebased_any)
+
+
+def _out_of_budget(policy: RetryPolicy, attempt: int, began: float) -> bool:
+    """True when no further attempt may start: the count cap or the time budget is spent."""
+    if attempt >= policy.max_attempts:
+        return True
+    return policy.max_elapsed is not None and time.perf_counter() - began >= policy.max_elapsed
 
 
 # --------------------------------------------------------------------------- pieces
@@ -331,13 +429,27 @@ def _as_parent(parent: Parent | Committed) -> Parent:
 
 
 def _with_properties(txn: Transaction, options: CommitOptions) -> Transaction:
-    if not options.properties and options.commit_message is None:
+    if not options.properties and options.commit_message is None and not options.idempotency_key:
         return txn
     props = dict(txn.properties)
     props.update(options.properties)
     if options.commit_message is not None:
         props[COMMIT_MESSAGE_KEY] = options.commit_message
+    if options.idempotency_key:
+        props[IDEMPOTENCY_KEY] = options.idempotency_key
     return dataclasses.replace(txn, properties=props)
+
+
+def _already_committed(
+    ours: Transaction, committed: Sequence[tuple[int, Transaction, Parent]]
+) -> tuple[int, Transaction, Parent] | None:
+    """The committed version that is ours already: same idempotency key, or same uuid."""
+    key = ours.properties.get(IDEMPOTENCY_KEY)
+    for item in committed:
+        theirs = item[1]
+        if theirs.uuid == ours.uuid or (key and theirs.properties.get(IDEMPOTENCY_KEY) == key):
+            return item
+    return None
 
 
 def _validate(uri: str, ours: Transaction, current: Parent | None, options: CommitOptions) -> None:
@@ -423,8 +535,8 @@ def _load_newer(
 
 def _load_committed(
     handler: CommitHandler, base: str, since: int, until: int
-) -> list[tuple[int, Transaction]]:
-    loaded = [(v, t) for v, t, _ in _load_newer(handler, base, since) if v <= until]
+) -> list[tuple[int, Transaction, Parent]]:
+    loaded = [item for item in _load_newer(handler, base, since) if item[0] <= until]
     if len(loaded) < until - since:  # contiguous from since + 1, but short of ``until``
         missing = list(range(since + 1 + len(loaded), until + 1))
         raise InvalidCommitError(
