@@ -393,6 +393,7 @@ def _attempts(
     losses = 0
     requests_before = 0
     started = began
+    contended = contention.table_contention(uri)
 
     def event(outcome: EventOutcome, version: int | None) -> None:
         notify(
@@ -419,6 +420,20 @@ def _attempts(
         attempt += 1
         started = time.perf_counter()
         requests_before = counter.count
+        if (
+            attempt == 1
+            and not pending
+            and current is not None
+            and options.expected_version is None
+            and contended.refresh_first(time.monotonic())
+        ):
+            # Writers of this process lost rounds on this table moments ago: our
+            # parent is likely stale. One Query now is cheaper than staging,
+            # claiming, losing and deleting.
+            newer = yield from _load_newer(names, base, current.version)
+            if newer:
+                pending = newer
+                current = _newest_parent(newer)
         if pending and current is not None:
             # 1. Judge ours against what was committed since: is it ours already?
             mine = next((p for p in pending if _is_ours(ours, p.transaction)), None)
@@ -519,6 +534,7 @@ def _attempts(
                 latest = yield from _latest_version(base, next_version)
                 raise ExpectedVersionMismatchError(uri, options.expected_version, latest) from None
             losses += 1
+            contended.lost(time.monotonic())
             log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             slot = time.perf_counter() - started
             newer = yield from _load_newer(
@@ -529,9 +545,7 @@ def _attempts(
                 yield Sleep(contention.window(policy, losses, slot))
                 continue
             pending = newer
-            newest = newer[-1]
-            assert newest.manifest is not None  # the newest is always read in full
-            current = Parent(newest.location, newest.manifest)
+            current = _newest_parent(newer)
             yield Sleep(contention.delay(policy, losses, slot, advanced=len(newer)))
             continue
         manifest = ManifestFile(
@@ -586,6 +600,12 @@ class _Counter:
                 result, error = (yield effect), None
             except LancetxError as exc:
                 result, error = None, exc
+
+
+def _newest_parent(loaded: Sequence[_Loaded]) -> Parent:
+    newest = loaded[-1]
+    assert newest.manifest is not None  # the newest is always read in full
+    return Parent(newest.location, newest.manifest)
 
 
 def _out_of_budget(policy: RetryPolicy, attempt: int, began: float) -> bool:

@@ -18,12 +18,16 @@ where ``cap`` is ``RetryPolicy.max_delay``. Spreading the losers over about
 doubling corrects an estimate that was too low. A winner that is not visible
 yet (no newer version listed) gets the same window with ``advanced = 1``.
 
+A writer that lost a round recently (in this process, on this table) asks for
+newer versions before its next first attempt (:class:`TableContention`).
+
 The figures behind this choice are in ``benchmarks/README.md`` (contention matrix).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 
 from lancetx.commit.engine.retry import RetryPolicy
 
@@ -48,4 +52,45 @@ def delay(
     return span * (1 - policy.jitter) + spread
 
 
-__all__ = ["delay", "window"]
+# ------------------------------------------------------------------ per-table memory
+
+
+#: How long after a lost round a table counts as contended in this process.
+CONTENDED_FOR = 2.0
+
+
+class TableContention:
+    """What this process saw of one table's contention, shared by its writers.
+
+    ``refresh_first()`` is true while a lost round is recent: a writer holding
+    its last commit as parent then asks the handler for newer versions (one
+    Query) before staging anything, instead of staging, claiming, losing and
+    deleting (three requests more). An uncontended table never pays that Query.
+    """
+
+    __slots__ = ("last_lost",)
+
+    def __init__(self) -> None:
+        self.last_lost = -float("inf")
+
+    def lost(self, now: float) -> None:
+        self.last_lost = now
+
+    def refresh_first(self, now: float) -> bool:
+        return now - self.last_lost < CONTENDED_FOR
+
+
+_tables: dict[str, TableContention] = {}
+_tables_lock = threading.Lock()
+
+
+def table_contention(table_uri: str) -> TableContention:
+    """The process-wide record of ``table_uri``'s contention."""
+    with _tables_lock:
+        found = _tables.get(table_uri)
+        if found is None:
+            found = _tables[table_uri] = TableContention()
+        return found
+
+
+__all__ = ["CONTENDED_FOR", "TableContention", "delay", "table_contention", "window"]
