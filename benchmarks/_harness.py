@@ -91,6 +91,8 @@ class Request:
     #: An S3 write carrying ``If-None-Match``/``If-Match`` (invisible when the
     #: server runs with ``legacy_s3=True``: it strips them before the interceptor).
     conditional: bool = False
+    #: For a claim: the table (``base_uri``) and version it tried to claim.
+    claim_of: tuple[str, int] | None = None
 
 
 def client_of(user_agent: str) -> str:
@@ -155,7 +157,13 @@ def classify(req: InterceptedRequest) -> Request:
     client = client_of(req.headers.get("user-agent", ""))
     if req.service == "dynamodb":
         claim = req.target == "PutItem" and b"attribute_not_exists" in req.body
-        return Request(req.target or "DynamoDB?", "dynamodb", client, claim=claim)
+        return Request(
+            req.target or "DynamoDB?",
+            "dynamodb",
+            client,
+            claim=claim,
+            claim_of=_claimed(req.body) if claim else None,
+        )
     query = parse_qs(req.query, keep_blank_values=True)
     # Path-style addressing: /bucket/key (the embedded server is addressed by IP).
     _, _, key = unquote(req.path).lstrip("/").partition("/")
@@ -165,6 +173,15 @@ def classify(req: InterceptedRequest) -> Request:
     if operation == "DeleteObjects":
         area = "staged"  # Lance's DeleteObjects after a commit removes the staged manifest
     return Request(operation, area, client, conditional=conditional)
+
+
+def _claimed(body: bytes) -> tuple[str, int] | None:
+    """(base_uri, version) of a conditional PutItem's item, if it parses."""
+    try:
+        item = json.loads(body)["Item"]
+        return str(item["base_uri"]["S"]), int(item["version"]["N"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class ServerCounter:

@@ -13,23 +13,33 @@ set up (connect, warm caches), are released together, and each append K batches:
   first (``parent=None``: one Query + one GET), as pylance does;
 * ``pylance``       — ``lance.write_dataset(mode="append")`` on ``s3+ddb://``.
 
-Per run: commits/s (acknowledged appends / wall time), p50/p99 append latency,
+Workloads: ``appends`` (every operation an append) and ``mixed`` (every third
+operation of a writer deletes the fragment of its previous append: lancetx
+commits a Delete of that fragment, pylance runs ``ds.delete(predicate)``).
+
+Per run: commits/s (acknowledged operations / wall time), p50/p99 latency,
 retries per commit (every system: conditional PutItems the server saw, minus
 commits, per commit — lost claims of failed appends included; lancetx also
 from ``Committed.attempts - 1``), requests per commit (by operation),
 and correctness checked with pylance: versions 1..N+1 with no gap, every
-acknowledged (writer, seq) batch present exactly once.
+acknowledged (writer, seq) batch present exactly once (and each acknowledged
+delete's batch gone); CPU seconds per acknowledged commit (the writer processes'
+``time.process_time``, pylance's Rust threads included; processes mode only);
+and claimants per round: how many conditional PutItems the server saw per
+version (1 = nobody lost that round).
 
 Then the data-loss anchor: pylance plain ``s3://`` writers on the same legacy
 store (conditional PUT ignored), acknowledged vs present appends.
 
-Run: ``python benchmarks/contention.py [--writers 1,4,8] [--appends 5] [--json out.json]``.
+Run: ``python benchmarks/contention.py [--writers 1,4,8,16,32] [--appends 10]
+[--workload appends|mixed] [--json out.json]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import queue
 import statistics
 import sys
@@ -60,7 +70,8 @@ from _harness import (
     write_json,
 )
 
-from lancetx.commit.engine.committer import Committed, Parent
+from lancetx.commit.engine.committer import Committed, Parent, commit_transaction, load_parent
+from lancetx.commit.engine.operations import Delete, Transaction
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.demo import batch, lancetx_append
 from lancetx.externalstore.embedded import EmbeddedAws
@@ -80,6 +91,9 @@ class Append:
     #: lancetx only.
     attempts: int | None = None
     data_seconds: float | None = None
+    #: ``append`` or ``delete`` (of the batch ``(writer, target)``).
+    kind: str = "append"
+    target: int | None = None
 
 
 @dataclass
@@ -100,6 +114,10 @@ class Run:
     present: Counter[tuple[str, int]] = field(default_factory=Counter)
     row_count: int = 0
     expected_rows: int = 0
+    workload: str = "appends"
+    cpu_seconds: float = 0.0
+    #: Conditional PutItems per claimed version, for this run's table.
+    claimants: list[int] = field(default_factory=list)
 
     @property
     def committed(self) -> list[Append]:
@@ -124,17 +142,28 @@ class Run:
         return self.versions == list(range(1, len(self.committed) + 2))
 
     def complete(self) -> bool:
-        """Every acknowledged batch present exactly once, nothing else (besides setup)."""
-        wanted = {(a.writer, a.seq) for a in self.committed}
+        """Every acknowledged batch present exactly once (minus the acknowledged
+        deletes), nothing else (besides setup)."""
+        deleted = {(a.writer, a.target) for a in self.committed if a.kind == "delete"}
+        wanted = {(a.writer, a.seq) for a in self.committed if a.kind == "append"} - deleted
         got = {key for key in self.present if key[0] != "setup"}
         exact = all(self.present[key] == self.rows for key in wanted)
         return exact and got == wanted and self.row_count == self.expected_rows
+
+    def cpu_per_commit(self) -> float:
+        commits = len(self.committed)
+        return self.cpu_seconds / commits if commits else float("nan")
+
+    def claimant_histogram(self) -> dict[int, int]:
+        """claimants per round → rounds."""
+        return dict(sorted(Counter(self.claimants).items()))
 
     def as_json(self) -> dict[str, Any]:
         lat = self.latencies_ms()
         data = [a.data_seconds * 1000 for a in self.committed if a.data_seconds is not None]
         return {
             "system": self.system,
+            "workload": self.workload,
             "writers": self.writers,
             "appends_per_writer": self.appends_per_writer,
             "rows_per_append": self.rows,
@@ -156,6 +185,10 @@ class Run:
             "row_count": self.row_count,
             "expected_rows": self.expected_rows,
             "latencies_ms": lat,
+            "cpu_seconds": self.cpu_seconds,
+            "cpu_ms_per_commit": 1000 * self.cpu_per_commit(),
+            "claimants_per_round": self.claimant_histogram(),
+            "claimants_mean": statistics.fmean(self.claimants) if self.claimants else None,
         }
 
 
@@ -172,9 +205,15 @@ class WriterTask:
     name: str
     appends: int
     rows: int
+    workload: str = "appends"
 
 
 AppendFn = Callable[[str, int, int], Append]
+
+
+def deletes_now(task: WriterTask, seq: int) -> bool:
+    """In the mixed workload every third operation deletes the writer's previous append."""
+    return task.workload == "mixed" and seq % 3 == 2
 
 
 def make_append(task: WriterTask) -> AppendFn:
@@ -183,16 +222,55 @@ def make_append(task: WriterTask) -> AppendFn:
         # Each writer has its own connection, as separate processes or hosts would.
         conn = connect(task.uri, task.options)
         install_data_phase_timer()
-        return lancetx_writer(conn, fresh=task.system == "lancetx-fresh")
+        return lancetx_writer(conn, task, fresh=task.system == "lancetx-fresh")
     # Warm pylance's per-process DescribeTable cache, as connect() warms lancetx's.
     lance.dataset(task.uri, storage_options=task.options)
-    return pylance_writer(task.uri, task.options)
+    return pylance_writer(task)
 
 
-def lancetx_writer(conn: TableConnection, fresh: bool) -> AppendFn:
+def lancetx_writer(conn: TableConnection, task: WriterTask, fresh: bool) -> AppendFn:
     parent: list[Parent | Committed | None] = [None]
+    #: (seq, data file paths) of this writer's acknowledged appends not deleted yet.
+    mine: list[tuple[int, set[str]]] = []
+
+    def delete(writer: str, seq: int) -> Append:
+        target, paths = mine.pop()
+        started = time.perf_counter()
+        try:
+            current = parent[0] if parent[0] is not None and not fresh else None
+            if current is None:
+                current = load_parent(conn.handler, conn.base)
+                assert current is not None
+            ids = tuple(
+                f.id
+                for f in current.manifest.manifest.fragments
+                if {d.path for d in f.files} & paths
+            )
+            txn = Transaction(
+                read_version=current.version,
+                operation=Delete(
+                    deleted_fragment_ids=ids, predicate=f"writer = '{writer}' AND seq = {target}"
+                ),
+            )
+            done = commit_transaction(conn.handler, conn.base, txn, parent=current)
+        except Exception as exc:
+            return Append(
+                writer, seq, time.perf_counter() - started, False, _short(exc), kind="delete"
+            )
+        parent[0] = done
+        return Append(
+            writer,
+            seq,
+            time.perf_counter() - started,
+            True,
+            attempts=done.attempts,
+            kind="delete",
+            target=target,
+        )
 
     def append(writer: str, seq: int, rows: int) -> Append:
+        if deletes_now(task, seq) and mine:
+            return delete(writer, seq)
         started = time.perf_counter()
         try:
             done = lancetx_append(conn, batch(writer, seq, rows), None if fresh else parent[0])
@@ -200,6 +278,8 @@ def lancetx_writer(conn: TableConnection, fresh: bool) -> AppendFn:
             return Append(writer, seq, time.perf_counter() - started, False, _short(exc))
         seconds = time.perf_counter() - started
         parent[0] = done
+        added = getattr(done.transaction.operation, "fragments", ())
+        mine.append((seq, {d.path for f in added for d in f.files}))
         return Append(
             writer, seq, seconds, True, attempts=done.attempts, data_seconds=last_data_seconds()
         )
@@ -207,15 +287,32 @@ def lancetx_writer(conn: TableConnection, fresh: bool) -> AppendFn:
     return append
 
 
-def pylance_writer(uri: str, options: dict[str, str]) -> AppendFn:
+def pylance_writer(task: WriterTask) -> AppendFn:
+    uri, options = task.uri, task.options
+    mine: list[int] = []
+
     def append(writer: str, seq: int, rows: int) -> Append:
         started = time.perf_counter()
+        if deletes_now(task, seq) and mine:
+            target = mine.pop()
+            try:
+                lance.dataset(uri, storage_options=options).delete(
+                    f"writer = '{writer}' AND seq = {target}"
+                )
+            except Exception as exc:
+                return Append(
+                    writer, seq, time.perf_counter() - started, False, _short(exc), kind="delete"
+                )
+            return Append(
+                writer, seq, time.perf_counter() - started, True, kind="delete", target=target
+            )
         try:
             lance.write_dataset(
                 batch(writer, seq, rows), uri, mode="append", storage_options=options
             )
         except Exception as exc:
             return Append(writer, seq, time.perf_counter() - started, False, _short(exc))
+        mine.append(seq)
         return Append(writer, seq, time.perf_counter() - started, True)
 
     return append
@@ -240,19 +337,21 @@ def writer_main(task: WriterTask, ready: Any, go: Any, out: Any) -> None:
     ready.wait(BARRIER_TIMEOUT)
     go.wait(BARRIER_TIMEOUT)
     results: list[dict[str, Any]] = []
+    cpu = time.process_time()
     for seq in range(task.appends):
         if append is None:
             results.append(asdict(Append(task.name, seq, 0.0, False, f"setup: {setup_error}")))
         else:
             results.append(asdict(append(task.name, seq, task.rows)))
-    out.put((results, time.time()))
+    out.put((results, time.time(), time.process_time() - cpu))
 
 
 def race(
     mode: str, tasks: Sequence[WriterTask], counter: ServerCounter
-) -> tuple[list[Append], float, list[Request]]:
-    """Run the writers, released together; their appends, the wall time, and the
-    requests the server saw between the release and the last writer's end."""
+) -> tuple[list[Append], float, list[Request], float]:
+    """Run the writers, released together; their appends, the wall time, the
+    requests the server saw between the release and the last writer's end, and
+    the writers' CPU seconds (meaningful in processes mode only)."""
     n = len(tasks)
     workers: list[threading.Thread | BaseProcess]
     if mode == "threads":
@@ -273,14 +372,16 @@ def race(
     started = time.time()
     appends: list[Append] = []
     ended = started
+    cpu_total = 0.0
     for _ in tasks:  # drain before joining: a process cannot exit with queued data
-        results, finished = out.get(timeout=BARRIER_TIMEOUT * 5)
+        results, finished, cpu = out.get(timeout=BARRIER_TIMEOUT * 5)
         appends += [Append(**r) for r in results]
         ended = max(ended, finished)
+        cpu_total += cpu
     seen = counter.take()
     for worker in workers:
         worker.join()
-    return appends, ended - started, seen
+    return appends, ended - started, seen, cpu_total
 
 
 def inspect_table(
@@ -304,20 +405,26 @@ def run_one(
     writers: int,
     appends: int,
     rows: int,
+    workload: str = "appends",
 ) -> Run:
     uri = bench.ddb_uri(unique_name(f"{system}-{writers}w"))
     options = bench.options
     lance.write_dataset(batch("setup", 0, rows), uri, storage_options=options)
-    run = Run(system, writers, appends, rows)
+    run = Run(system, writers, appends, rows, workload=workload)
     tasks = [
-        WriterTask(system, uri, options, f"{system}-{i}", appends, rows) for i in range(writers)
+        WriterTask(system, uri, options, f"{system}-{i}", appends, rows, workload)
+        for i in range(writers)
     ]
-    run.appends, run.wall_seconds, seen = race(mode, tasks, counter)
+    run.appends, run.wall_seconds, seen, run.cpu_seconds = race(mode, tasks, counter)
     run.claims = sum(1 for r in seen if r.claim)
     run.requests = len(seen)
     run.operations = Counter(r.operation for r in seen)
+    per_version = Counter(r.claim_of[1] for r in seen if r.claim and r.claim_of is not None)
+    run.claimants = [per_version[v] for v in sorted(per_version)]
     run.versions, run.present, run.row_count = inspect_table(uri, options)
-    run.expected_rows = rows * (1 + len(run.committed))
+    kept = [a for a in run.committed if a.kind == "append"]
+    gone = [a for a in run.committed if a.kind == "delete"]
+    run.expected_rows = rows * (1 + len(kept) - len(gone))
     return run
 
 
@@ -362,7 +469,7 @@ def run_anchor(
     tasks = [
         WriterTask("pylance-s3", uri, options, f"plain-{i}", appends, rows) for i in range(writers)
     ]
-    appends_done, wall, _ = race(mode, tasks, counter)
+    appends_done, wall, _, _ = race(mode, tasks, counter)
     acked = {(a.writer, a.seq) for a in appends_done if a.ok}
     _, present, _ = inspect_table(uri, options)
     ds = lance.dataset(uri, storage_options=options)
@@ -399,12 +506,15 @@ def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
                     fmt(r.retries_per_commit(), 2),
                     fmt(max(client)) if client else "-",
                     fmt(r.requests / max(1, len(r.committed))),
+                    fmt(1000 * r.cpu_per_commit()),
+                    fmt(statistics.fmean(r.claimants), 2) if r.claimants else "-",
+                    fmt(max(r.claimants)) if r.claimants else "-",
                     "yes" if r.linear() else "NO",
                     "yes" if r.complete() else "NO",
                 ]
             )
         out += [
-            "### Concurrent appends through s3+ddb:// on a legacy S3",
+            f"### Concurrent writers through s3+ddb:// on a legacy S3 ({runs[0].workload})",
             "",
             markdown_table(
                 [
@@ -418,6 +528,9 @@ def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
                     "retries/commit",
                     "max retries",
                     "requests/commit",
+                    "CPU ms/commit",
+                    "claimants/round",
+                    "max claimants",
                     "versions 1..n, no gap",
                     "all rows, once",
                 ],
@@ -532,9 +645,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="Relative numbers on an in-process emulator, not AWS.",
     )
     parser.add_argument(
-        "--writers", default="1,4,8", help="comma-separated writer counts (default 1,4,8)"
+        "--writers",
+        default="1,4,8,16,32",
+        help="comma-separated writer counts (default 1,4,8,16,32)",
     )
-    parser.add_argument("--appends", type=int, default=5, help="appends per writer (default 5)")
+    parser.add_argument(
+        "--appends", type=int, default=10, help="operations per writer (default 10)"
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("appends", "mixed"),
+        default="appends",
+        help="appends only, or every third operation a delete of the writer's previous append",
+    )
     parser.add_argument("--rows", type=int, default=100, help="rows per append (default 100)")
     parser.add_argument(
         "--systems",
@@ -584,7 +707,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             for system in systems:
                 for writers in writer_counts:
                     runs.append(
-                        run_one(bench, counter, args.mode, system, writers, args.appends, args.rows)
+                        run_one(
+                            bench,
+                            counter,
+                            args.mode,
+                            system,
+                            writers,
+                            args.appends,
+                            args.rows,
+                            args.workload,
+                        )
                     )
             for _ in range(args.plain_trials if args.plain_writers > 0 else 0):
                 anchors.append(
@@ -603,6 +735,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "benchmark": "contention",
                 "mode": args.mode,
+                "workload": args.workload,
+                "load_average": os.getloadavg(),
                 "environment": environment(),
                 "runs": [r.as_json() for r in runs],
                 "plain_s3_anchor": [a.as_json() for a in anchors],

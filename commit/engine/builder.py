@@ -596,7 +596,11 @@ class _Builder:
 
     def existing(self) -> list[DataFragment]:
         prev = self.require_previous()
-        return [_copy(f) for f in prev.fragments]
+        # One C-level copy of the whole list: a Python loop of per-fragment
+        # copies dominated every commit attempt on tables of many fragments.
+        holder = Manifest()
+        holder.fragments.extend(prev.fragments)
+        return list(holder.fragments)
 
     def require_known(self, ids: Iterable[int], what: str) -> None:
         missing = sorted({i for i in ids if i not in self.prev_fragments})

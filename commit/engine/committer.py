@@ -323,7 +323,10 @@ def commit_steps(
     pending: list[_Loaded] = []
     read_fragments: dict[int, table_pb2.DataFragment] = {}
     if current is not None and current.version > ours.read_version:
-        pending = yield from _load_committed(names, base, ours.read_version, current.version)
+        # A parent we just read ourselves need not be read again; one the caller
+        # handed us is read with the others (it is checked like any version).
+        known = current if parent is None else None
+        pending = yield from _load_committed(names, base, ours.read_version, current.version, known)
     if current is not None and ours.read_version > 0:
         read_fragments = yield from _read_fragments(names, base, ours, current)
 
@@ -394,6 +397,7 @@ def _attempts(
     requests_before = 0
     started = began
     contended = contention.table_contention(uri)
+    expected_contention = False
 
     def event(outcome: EventOutcome, version: int | None) -> None:
         notify(
@@ -420,12 +424,14 @@ def _attempts(
         attempt += 1
         started = time.perf_counter()
         requests_before = counter.count
+        if attempt == 1:
+            expected_contention = contended.refresh_first(time.monotonic())
         if (
             attempt == 1
+            and expected_contention
             and not pending
             and current is not None
             and options.expected_version is None
-            and contended.refresh_first(time.monotonic())
         ):
             # Writers of this process lost rounds on this table moments ago: our
             # parent is likely stale. One Query now is cheaper than staging,
@@ -533,7 +539,6 @@ def _attempts(
                 event("lost", next_version)
                 latest = yield from _latest_version(base, next_version)
                 raise ExpectedVersionMismatchError(uri, options.expected_version, latest) from None
-            losses += 1
             contended.lost(time.monotonic())
             log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             slot = time.perf_counter() - started
@@ -542,11 +547,19 @@ def _attempts(
             )
             event("lost", next_version)
             if not newer:  # the winner is not visible yet: wait a whole window, then look again
+                losses += 1
                 yield Sleep(contention.window(policy, losses, slot))
                 continue
             pending = newer
             current = _newest_parent(newer)
-            yield Sleep(contention.delay(policy, losses, slot, advanced=len(newer)))
+            if attempt == 1 and not expected_contention:
+                # Nothing suggested contention: our parent was most likely just
+                # stale (the versions were there before we started). The winners
+                # are known now, so retry at once; back off from the next loss on.
+                yield Sleep(0.0)
+                continue
+            losses += 1
+            yield Sleep(contention.delay(policy, losses, slot))
             continue
         manifest = ManifestFile(
             manifest=built.manifest,
@@ -703,17 +716,26 @@ def _restore_source(
 
 
 def _load_one(
-    names: Names, base: str, location: ManifestLocation, *, need_manifest: bool
+    names: Names,
+    base: str,
+    location: ManifestLocation,
+    *,
+    need_manifest: bool,
+    known: Parent | None = None,
 ) -> Steps[_Loaded]:
     """One committed version's transaction (from the process cache when it was
-    loaded before and its manifest is not needed), else from its manifest."""
+    loaded before and its manifest is not needed), else from its manifest
+    (``known``'s, when that is this version's, else read)."""
     uri = names.uri(base)
     if not need_manifest:
         cached = TRANSACTIONS.get(uri, location)
         if cached is not None:
             return _Loaded(location.version, cached, location, None)
     try:
-        manifest = yield from read_manifest_steps(names, location)
+        if known is not None and known.location == location:
+            manifest = known.manifest
+        else:
+            manifest = yield from read_manifest_steps(names, location)
     except ObjectNotFoundError:
         raise InvalidCommitError(
             uri,
@@ -746,7 +768,9 @@ def _load_one(
     return _Loaded(location.version, txn, location, manifest)
 
 
-def _load_newer(names: Names, base: str, since: int) -> Steps[list[_Loaded]]:
+def _load_newer(
+    names: Names, base: str, since: int, known: Parent | None = None
+) -> Steps[list[_Loaded]]:
     """Versions committed after ``since``, with their transactions, loaded in parallel
     (the newest with its manifest: it is the next parent).
 
@@ -771,9 +795,13 @@ def _load_newer(names: Names, base: str, since: int) -> Steps[list[_Loaded]]:
     return sorted(loaded, key=lambda item: item.version)
 
 
-def _load_committed(names: Names, base: str, since: int, until: int) -> Steps[list[_Loaded]]:
+def _load_committed(
+    names: Names, base: str, since: int, until: int, known: Parent | None = None
+) -> Steps[list[_Loaded]]:
     loaded = [
-        item for item in (yield from _load_newer(names, base, since)) if item.version <= until
+        item
+        for item in (yield from _load_newer(names, base, since, known))
+        if item.version <= until
     ]
     if len(loaded) < until - since:  # contiguous from since + 1, but short of ``until``
         missing = list(range(since + 1 + len(loaded), until + 1))

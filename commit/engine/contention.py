@@ -6,20 +6,26 @@ and lose again: on a small machine they also steal the CPU the next winner
 needs. So a loser waits a random time (full jitter) from a window sized by
 what it measured:
 
-* ``slot`` — how long its lost attempt took (the time one attempt occupies);
-* ``advanced`` — how many versions other writers committed during that
-  attempt (at least the one it lost to). Versions landing faster than our
-  attempts complete means several writers are contending;
-* ``losses`` — how many rounds in a row it lost: the window doubles per loss.
+* ``slot`` — how long its lost attempt took (the time one attempt occupies,
+  which is also how long a competitor's attempt occupies the table);
+* ``losses`` — how many rounds in a row it lost: each loss is one more
+  claimant seen, and the window doubles per loss.
 
-``window = min(cap, max(base_delay, slot) * advanced * 2**(losses - 1))``,
-where ``cap`` is ``RetryPolicy.max_delay``. Spreading the losers over about
-``advanced * slot`` puts about one claimant in each attempt-sized slot; the
-doubling corrects an estimate that was too low. A winner that is not visible
-yet (no newer version listed) gets the same window with ``advanced = 1``.
+``window = min(cap, max(base_delay, slot) * 2**(losses - 1))``, ``cap`` =
+``RetryPolicy.max_delay``. After k losses the losers of one round are spread
+over ``2**(k-1)`` attempt-sized slots, so the expected number of claimants per
+slot falls towards one within a few rounds whatever N is.
+
+Tried and dropped: scaling the window by the number of versions that landed
+since the lost attempt's parent. That number mixes contention with staleness
+— a writer 128 versions behind is not competing with 128 writers — and made
+such a writer sleep up to ``max_delay`` before a retry that could not collide
+(``benchmarks/conflict_check.py``).
 
 A writer that lost a round recently (in this process, on this table) asks for
-newer versions before its next first attempt (:class:`TableContention`).
+newer versions before its next first attempt (:class:`TableContention`), so a
+writer appending back to back under contention does not start each commit by
+staging a manifest that is already stale.
 
 The figures behind this choice are in ``benchmarks/README.md`` (contention matrix).
 """
@@ -32,22 +38,15 @@ import threading
 from lancetx.commit.engine.retry import RetryPolicy
 
 
-def window(policy: RetryPolicy, losses: int, slot: float, advanced: int = 1) -> float:
+def window(policy: RetryPolicy, losses: int, slot: float) -> float:
     """The longest wait after ``losses`` lost rounds in a row (``losses >= 1``)."""
     growth = 2.0 ** min(max(losses - 1, 0), 62)
-    unit = max(policy.base_delay, slot)
-    return float(min(policy.max_delay, unit * max(1, advanced) * growth))
+    return float(min(policy.max_delay, max(policy.base_delay, slot) * growth))
 
 
-def delay(
-    policy: RetryPolicy,
-    losses: int,
-    slot: float,
-    advanced: int = 1,
-    rng: random.Random | None = None,
-) -> float:
+def delay(policy: RetryPolicy, losses: int, slot: float, rng: random.Random | None = None) -> float:
     """A wait drawn from :func:`window`: its jittered part is uniform (full jitter at 1.0)."""
-    span = window(policy, losses, slot, advanced)
+    span = window(policy, losses, slot)
     spread: float = (rng or random).uniform(0, span * policy.jitter)
     return span * (1 - policy.jitter) + spread
 

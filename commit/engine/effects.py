@@ -16,6 +16,7 @@ steps; anything else is a bug and propagates.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -184,6 +185,34 @@ def _advance(steps: Steps[T], last: _Outcome) -> tuple[bool, Any]:
         return False, stop.value
 
 
+#: Threads of the shared pool that runs Gather's sub-steps for the sync driver.
+POOL_THREADS = 16
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_in_pool = threading.local()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    """One pool per process, created on first use: starting threads for every
+    conflict check cost more than the loads they ran on a busy machine."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="lancetx-load")
+        return _pool
+
+
+def _in_pool_thread(fn: Callable[[Any], _Outcome]) -> Callable[[Any], _Outcome]:
+    def marked(arg: Any) -> _Outcome:
+        _in_pool.active = True
+        try:
+            return fn(arg)
+        finally:
+            _in_pool.active = False
+
+    return marked
+
+
 def run(steps: Steps[T], handler: CommitHandler) -> T:
     """Drive ``steps`` with blocking I/O through ``handler`` and its store."""
     return _run_with(steps, handler.store, handler)
@@ -232,10 +261,16 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
             return _Outcome(error=exc)
 
     def _gather_threads(subs: Sequence[Steps[Any]], limit: int) -> _Outcome:
-        if len(subs) <= 1 or limit <= 1:
+        if len(subs) <= 1 or limit <= 1 or getattr(_in_pool, "active", False):
+            # Sequential inside a pool thread: a nested Gather must not wait for
+            # workers that are all busy running its parents.
             return _gathered([one(sub) for sub in subs])
-        with ThreadPoolExecutor(max_workers=min(limit, len(subs))) as pool:
-            return _gathered(list(pool.map(one, subs)))
+        pool = _shared_pool()
+        outcomes: list[_Outcome] = []
+        # At most ``limit`` at once: submit in windows of ``limit``.
+        for lo in range(0, len(subs), limit):
+            outcomes += list(pool.map(_in_pool_thread(one), subs[lo : lo + limit]))
+        return _gathered(outcomes)
 
     last = _Outcome()
     while True:
