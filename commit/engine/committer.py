@@ -433,9 +433,13 @@ def _attempts(
             and current is not None
             and options.expected_version is None
         ):
-            # Writers of this process lost rounds on this table moments ago: our
-            # parent is likely stale. One Query now is cheaper than staging,
-            # claiming, losing and deleting.
+            # Writers of this process lost rounds on this table moments ago: let
+            # the losers' windows run a little (we may be the last winner,
+            # holding the newest manifest), then look: our parent is likely
+            # stale, and one Query is cheaper than staging, claiming, losing
+            # and deleting.
+            yield Sleep(contention.yield_delay(policy, contended))
+            started = time.perf_counter()  # the attempt's slot does not include the wait
             newer = yield from _load_newer(names, base, current.version)
             if newer:
                 pending = newer
@@ -539,9 +543,9 @@ def _attempts(
                 event("lost", next_version)
                 latest = yield from _latest_version(base, next_version)
                 raise ExpectedVersionMismatchError(uri, options.expected_version, latest) from None
-            contended.lost(time.monotonic())
-            log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             slot = time.perf_counter() - started
+            contended.lost(time.monotonic(), slot)
+            log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             newer = yield from _load_newer(
                 names, base, current.version if current is not None else 0
             )

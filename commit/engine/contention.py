@@ -11,10 +11,14 @@ what it measured:
 * ``losses`` — how many rounds in a row it lost: each loss is one more
   claimant seen, and the window doubles per loss.
 
-``window = min(cap, max(base_delay, slot) * 2**(losses - 1))``, ``cap`` =
-``RetryPolicy.max_delay``. After k losses the losers of one round are spread
-over ``2**(k-1)`` attempt-sized slots, so the expected number of claimants per
-slot falls towards one within a few rounds whatever N is.
+``window = min(cap, max(base_delay, slot) * FIRST_WINDOW_SLOTS * 2**(losses - 1))``,
+``cap`` = ``RetryPolicy.max_delay``: the losers of one round are spread over
+4, 8, 16 … attempt-sized slots (Lance's slot backoff starts at 4 slots too), so
+the expected number of claimants per slot falls towards one within a few
+rounds whatever N is. A writer that lost more than ``STARVING_AFTER`` rounds in
+a row is starving and retries within one slot instead: it then claims ahead of
+fresh losers (4+ slots) and of the last winner (which yields up to one slot
+after writing its next data files), which bounds the tail.
 
 Tried and dropped: scaling the window by the number of versions that landed
 since the lost attempt's parent. That number mixes contention with staleness
@@ -25,7 +29,10 @@ such a writer sleep up to ``max_delay`` before a retry that could not collide
 A writer that lost a round recently (in this process, on this table) asks for
 newer versions before its next first attempt (:class:`TableContention`), so a
 writer appending back to back under contention does not start each commit by
-staging a manifest that is already stale.
+staging a manifest that is already stale. It also first waits a random part of
+one slot (:func:`yield_delay`): the last winner holds the newest manifest and
+would otherwise claim again before the losers' windows end, round after round
+(a starved loser reached 38 retries without it).
 
 The figures behind this choice are in ``benchmarks/README.md`` (contention matrix).
 """
@@ -37,10 +44,20 @@ import threading
 
 from lancetx.commit.engine.retry import RetryPolicy
 
+#: Slots in the window after the first lost round (doubling per further loss).
+FIRST_WINDOW_SLOTS = 4
+#: A writer that lost this many rounds in a row is starving: it stops backing off.
+STARVING_AFTER = 4
+
 
 def window(policy: RetryPolicy, losses: int, slot: float) -> float:
     """The longest wait after ``losses`` lost rounds in a row (``losses >= 1``)."""
-    growth = 2.0 ** min(max(losses - 1, 0), 62)
+    if losses > STARVING_AFTER:
+        # Fairness: fresh losers spread over 4+ slots and the last winner yields
+        # up to one, so a starving writer retrying within one slot claims first.
+        growth = 1.0
+    else:
+        growth = FIRST_WINDOW_SLOTS * 2.0 ** min(max(losses - 1, 0), 60)
     return float(min(policy.max_delay, max(policy.base_delay, slot) * growth))
 
 
@@ -67,16 +84,27 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost",)
+    __slots__ = ("last_lost", "slot")
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
+        #: Duration of the last lost attempt (an attempt's time on this table).
+        self.slot = 0.0
 
-    def lost(self, now: float) -> None:
+    def lost(self, now: float, slot: float) -> None:
         self.last_lost = now
+        self.slot = slot
 
     def refresh_first(self, now: float) -> bool:
         return now - self.last_lost < CONTENDED_FOR
+
+
+def yield_delay(
+    policy: RetryPolicy, contended: TableContention, rng: random.Random | None = None
+) -> float:
+    """The wait before a first attempt on a contended table: up to one slot."""
+    span = min(policy.max_delay, contended.slot)
+    return float((rng or random).uniform(0, span * policy.jitter))
 
 
 _tables: dict[str, TableContention] = {}
@@ -92,4 +120,13 @@ def table_contention(table_uri: str) -> TableContention:
         return found
 
 
-__all__ = ["CONTENDED_FOR", "TableContention", "delay", "table_contention", "window"]
+__all__ = [
+    "CONTENDED_FOR",
+    "FIRST_WINDOW_SLOTS",
+    "STARVING_AFTER",
+    "TableContention",
+    "delay",
+    "table_contention",
+    "window",
+    "yield_delay",
+]
