@@ -426,6 +426,7 @@ def _attempts(
         requests_before = counter.count
         if attempt == 1:
             expected_contention = contended.refresh_first(time.monotonic())
+            losses = contended.start_level(time.monotonic())
         if (
             attempt == 1
             and expected_contention
@@ -573,6 +574,7 @@ def _attempts(
             footer_minor=2,
             size=len(data),
         )
+        contended.committed(attempt - 1)
         event("rebased" if rebased_any else "won", next_version)
         log.info(
             "%s: committed version %d (%s) in %d attempt(s), %.3f s%s",

@@ -15,10 +15,16 @@ what it measured:
 ``cap`` = ``RetryPolicy.max_delay``: the losers of one round are spread over
 4, 8, 16 … attempt-sized slots (Lance's slot backoff starts at 4 slots too), so
 the expected number of claimants per slot falls towards one within a few
-rounds whatever N is. A writer that lost more than ``STARVING_AFTER`` rounds in
-a row is starving and retries within one slot instead: it then claims ahead of
-fresh losers (4+ slots) and of the last winner (which yields up to one slot
-after writing its next data files), which bounds the tail.
+rounds whatever N is. The loss streak is the measure of contention, and a
+process remembers it per table (:class:`TableContention`): a commit on a table
+contended moments ago starts its backoff at the recent level (lost rounds per
+commit, moving average) instead of learning it again from four slots — under
+sustained contention every commit would otherwise lose its first rounds anew.
+
+Tried and dropped: letting a writer that lost more than 4 rounds in a row
+retry within one slot (priority for the starving). With 16 writers most of
+them were "starving" at once and retried together: 6 claimants per round, 5
+retries per commit (``benchmarks/README.md``).
 
 Tried and dropped: scaling the window by the number of versions that landed
 since the lost attempt's parent. That number mixes contention with staleness
@@ -31,8 +37,9 @@ newer versions before its next first attempt (:class:`TableContention`), so a
 writer appending back to back under contention does not start each commit by
 staging a manifest that is already stale. It also first waits a random part of
 one slot (:func:`yield_delay`): the last winner holds the newest manifest and
-would otherwise claim again before the losers' windows end, round after round
-(a starved loser reached 38 retries without it).
+would otherwise claim again before the losers' windows end. (Waiting a whole
+loser's window instead did not shorten the tail and cost throughput:
+``benchmarks/README.md``.)
 
 The figures behind this choice are in ``benchmarks/README.md`` (contention matrix).
 """
@@ -46,18 +53,13 @@ from lancetx.commit.engine.retry import RetryPolicy
 
 #: Slots in the window after the first lost round (doubling per further loss).
 FIRST_WINDOW_SLOTS = 4
-#: A writer that lost this many rounds in a row is starving: it stops backing off.
-STARVING_AFTER = 4
+#: Most remembered contention level a commit starts from (2**LEVEL_CAP times the first window).
+LEVEL_CAP = 4
 
 
 def window(policy: RetryPolicy, losses: int, slot: float) -> float:
     """The longest wait after ``losses`` lost rounds in a row (``losses >= 1``)."""
-    if losses > STARVING_AFTER:
-        # Fairness: fresh losers spread over 4+ slots and the last winner yields
-        # up to one, so a starving writer retrying within one slot claims first.
-        growth = 1.0
-    else:
-        growth = FIRST_WINDOW_SLOTS * 2.0 ** min(max(losses - 1, 0), 60)
+    growth = FIRST_WINDOW_SLOTS * 2.0 ** min(max(losses - 1, 0), 60)
     return float(min(policy.max_delay, max(policy.base_delay, slot) * growth))
 
 
@@ -84,19 +86,31 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost", "slot")
+    __slots__ = ("last_lost", "level", "slot")
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
         #: Duration of the last lost attempt (an attempt's time on this table).
         self.slot = 0.0
+        #: Lost rounds per commit lately (moving average): where the next
+        #: commit's backoff starts, instead of learning the contention again.
+        self.level = 0.0
 
     def lost(self, now: float, slot: float) -> None:
         self.last_lost = now
         self.slot = slot
 
+    def committed(self, losses: int) -> None:
+        self.level = 0.5 * self.level + 0.5 * losses
+
     def refresh_first(self, now: float) -> bool:
         return now - self.last_lost < CONTENDED_FOR
+
+    def start_level(self, now: float) -> int:
+        """Lost rounds a commit starting now counts as already seen."""
+        if not self.refresh_first(now):
+            return 0
+        return min(LEVEL_CAP, int(self.level))
 
 
 def yield_delay(
@@ -123,7 +137,7 @@ def table_contention(table_uri: str) -> TableContention:
 __all__ = [
     "CONTENDED_FOR",
     "FIRST_WINDOW_SLOTS",
-    "STARVING_AFTER",
+    "LEVEL_CAP",
     "TableContention",
     "delay",
     "table_contention",

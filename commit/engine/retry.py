@@ -31,7 +31,7 @@ class RetryPolicy:
 
     max_attempts: int = 1000
     base_delay: float = 0.002
-    max_delay: float = 2.0
+    max_delay: float = 5.0
     jitter: float = 1.0
     max_elapsed: float | None = 300.0
 

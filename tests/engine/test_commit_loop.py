@@ -317,7 +317,7 @@ def test_documented_defaults() -> None:
         policy.max_delay,
         policy.jitter,
         policy.max_elapsed,
-    ) == (1000, 0.002, 2.0, 1.0, 300.0)
+    ) == (1000, 0.002, 5.0, 1.0, 300.0)
     options = CommitOptions()
     assert options.retry == RetryPolicy()
     assert options.expected_version is None

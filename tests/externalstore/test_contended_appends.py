@@ -89,6 +89,7 @@ def race(uri: str, options: dict[str, str], systems: list[str]) -> list[dict[str
             return [f.result(timeout=600) for f in futures]
 
 
+@pytest.mark.slow  # ~40 s per case on 2 idle cores (10 spawned writer processes)
 @pytest.mark.parametrize(
     "systems",
     [["lancetx"] * 10, ["lancetx"] * 8 + ["pylance"] * 2],
