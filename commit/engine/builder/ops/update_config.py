@@ -1,0 +1,13 @@
+"""UpdateConfig: fragments unchanged; the config maps are applied by the shared config step."""
+
+from __future__ import annotations
+
+from lancetx.commit.engine.builder.fragment_ids import existing
+from lancetx.commit.engine.builder.state import BuildState
+from lancetx.protos import table_pb2
+
+DataFragment = table_pb2.DataFragment
+
+
+def apply_update_config(state: BuildState) -> list[DataFragment]:
+    return existing(state)
