@@ -17,15 +17,9 @@ from lancetx.protos import transaction_pb2
 Transaction = transaction_pb2.Transaction
 
 
-def apply_config_changes(state: BuildState) -> None:
-    if state.op_key == "overwrite":
-        for key, value in state.txn.overwrite.config_upsert_values.items():
-            state.manifest.config[key] = value
-    elif state.op_key == "update_config":
-        apply_update_config(state)
-
-
-def apply_update_config(state: BuildState) -> None:
+def apply_config_updates(state: BuildState) -> None:
+    """UpdateConfig's changes to the config, table metadata, schema metadata and
+    field metadata maps (the new-style UpdateMaps or the old upsert/delete lists)."""
     op = state.txn.update_config
     manifest = state.manifest
     has_new = (

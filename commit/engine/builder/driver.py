@@ -12,7 +12,6 @@ from lancetx.commit.engine.builder.common import (
     copy_message,
     high_water_mark,
 )
-from lancetx.commit.engine.builder.config import apply_config_changes
 from lancetx.commit.engine.builder.data_format import apply_data_format
 from lancetx.commit.engine.builder.flags import apply_feature_flags, check_flags
 from lancetx.commit.engine.builder.fragment_ids import (
@@ -112,6 +111,33 @@ def build_regular(state: BuildState) -> BuiltManifest:
             "create the table with an Overwrite first"
         )
 
+    start_from_previous(state)
+    manifest = state.manifest
+    check_new_fragments(state)
+
+    fragments = OPERATIONS[op].apply(state)
+
+    finish_fragments(state, fragments)
+    apply_data_format(state)
+    manifest.tag = state.txn.tag
+    manifest.timestamp.FromDatetime(state.now.astimezone(UTC).replace(tzinfo=None))
+    update_max_fragment_id(state)
+    # Steps some operations take once the fragments and max_fragment_id are final
+    # (config maps, base paths, reserved ids: Lance's order).
+    finish = OPERATIONS[op].finish
+    if finish is not None:
+        finish(state)
+    manifest.transaction_file = state.transaction_file
+    if state.next_row_id is not None:
+        manifest.next_row_id = state.next_row_id
+    apply_feature_flags(state)
+    return BuiltManifest(manifest, state.indices)
+
+
+def start_from_previous(state: BuildState) -> None:
+    """``Manifest::new_from_previous``: the counters (row ids, fragment ids) and the
+    copy of the previous manifest every operation starts from."""
+    prev = state.previous
     # Stable row ids: on when the previous version has them (CommitBuilder
     # uses the dataset's flag), or when a new table asks for them.
     if prev is not None:
@@ -146,23 +172,3 @@ def build_regular(state: BuildState) -> BuiltManifest:
     manifest.version = state.version
     manifest.writer_version.CopyFrom(writer_version())
     state.manifest = manifest
-
-    check_new_fragments(state)
-
-    fragments = OPERATIONS[op].apply(state)
-
-    finish_fragments(state, fragments)
-    apply_data_format(state)
-    manifest.tag = state.txn.tag
-    manifest.timestamp.FromDatetime(state.now.astimezone(UTC).replace(tzinfo=None))
-    update_max_fragment_id(state)
-    apply_config_changes(state)
-    # Steps some operations take after the config step (Lance's order).
-    finish = OPERATIONS[op].finish
-    if finish is not None:
-        finish(state)
-    manifest.transaction_file = state.transaction_file
-    if state.next_row_id is not None:
-        manifest.next_row_id = state.next_row_id
-    apply_feature_flags(state)
-    return BuiltManifest(manifest, state.indices)

@@ -31,3 +31,9 @@ def apply_overwrite(state: BuildState) -> list[DataFragment]:
     new = new_data_fragments(state, op.fragments)
     state.indices = []
     return new
+
+
+def finish_overwrite(state: BuildState) -> None:
+    """Overwrite's config upserts, applied to the config it carried over."""
+    for key, value in state.txn.overwrite.config_upsert_values.items():
+        state.manifest.config[key] = value
