@@ -597,6 +597,42 @@ def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
             markdown_table(["system", "writers", *ops, "total"], per_op),
             "",
         ]
+        ratios = []
+        for lx in (r for r in runs if r.system == "lancetx"):
+            py = next((r for r in runs if r.system == "pylance" and r.writers == lx.writers), None)
+            if py is None or not lx.committed or not py.committed:
+                continue
+            ratios.append(
+                [
+                    str(lx.writers),
+                    fmt(
+                        (len(lx.committed) / lx.wall_seconds)
+                        / (len(py.committed) / py.wall_seconds),
+                        2,
+                    ),
+                    fmt(percentile(lx.latencies_ms(), 99) / percentile(py.latencies_ms(), 99), 2),
+                    fmt((lx.requests / len(lx.committed)) / (py.requests / len(py.committed)), 2),
+                    fmt(lx.cpu_per_commit() / py.cpu_per_commit(), 2),
+                    f"{len(lx.failed)} / {len(py.failed)}",
+                ]
+            )
+        if ratios:
+            out += [
+                "lancetx / pylance in the same run:",
+                "",
+                markdown_table(
+                    [
+                        "writers",
+                        "commits/s",
+                        "p99",
+                        "requests/commit",
+                        "CPU/commit",
+                        "failed lancetx / pylance",
+                    ],
+                    ratios,
+                ),
+                "",
+            ]
         errors = sorted(
             {f"{r.system}/{r.writers}: {e}" for r in runs for e in {a.error for a in r.failed}}
         )
@@ -704,8 +740,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Stopwatch() as total, EmbeddedAws(legacy_s3=True) as aws:
         bench = start_bench(aws)
         with counting(aws) as counter:
-            for system in systems:
-                for writers in writer_counts:
+            # Systems side by side per writer count: adjacent in time, so a change
+            # in the machine's load hits both.
+            for writers in writer_counts:
+                for system in systems:
                     runs.append(
                         run_one(
                             bench,
