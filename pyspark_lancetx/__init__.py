@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyspark_lancetx.commit import last_commit
+from pyspark_lancetx.commit import VersionRecord, last_commit, table_history
 
 if TYPE_CHECKING:
     from pyspark_lancetx.datasource import LanceTxDataSource as DefaultSource
 
-__all__ = ["DefaultSource", "last_commit"]
+__all__ = ["DefaultSource", "VersionRecord", "last_commit", "table_history"]
 
 
 def __getattr__(name: str) -> Any:

@@ -198,6 +198,41 @@ def last_commit(
     return None
 
 
+@dataclass(frozen=True)
+class VersionRecord:
+    """One version of a table as the history shows it."""
+
+    version: int
+    operation: str
+    properties: dict[str, str]
+    rows: int
+
+    @property
+    def job_id(self) -> str | None:
+        """The Spark job (or stream) that committed it, if this data source did."""
+        return self.properties.get(JOB_ID_KEY)
+
+
+def table_history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionRecord]:
+    """Every version of ``uri``, oldest first: operation, transaction properties, live rows."""
+    from lancetx.commit.format.snapshot import load_snapshot
+
+    conn = connect(uri, dict(storage_options or {}))
+    out = []
+    for location in conn.handler.list_versions(conn.base, 0):
+        snapshot = load_snapshot(conn.handler.store, conn.base, location)
+        txn = snapshot.transaction()
+        out.append(
+            VersionRecord(
+                version=snapshot.version,
+                operation=(txn.WhichOneof("operation") or "?") if txn is not None else "?",
+                properties=dict(txn.transaction_properties) if txn is not None else {},
+                rows=snapshot.num_rows,
+            )
+        )
+    return out
+
+
 # --------------------------------------------------------------------------- planning
 
 

@@ -153,15 +153,42 @@ def write_schema(
     return schema
 
 
+def _has_decimal(dtype: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_decimal(dtype):
+        return True
+    if pa.types.is_struct(dtype) or pa.types.is_map(dtype):
+        return any(_has_decimal(dtype.field(i).type) for i in range(dtype.num_fields))
+    if pa.types.is_list(dtype) or pa.types.is_fixed_size_list(dtype):
+        return _has_decimal(dtype.value_type)
+    return False
+
+
+def _aligned(column: pa.Array) -> pa.Array:
+    """A copy in freshly allocated (64-byte aligned) buffers.
+
+    Spark's Arrow stream aligns buffers to 8 bytes; pylance's reader of 128-bit
+    decimals needs 16 and panics otherwise.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.take(column, pa.array(range(len(column)), pa.int64()))
+
+
 def conform_write_batch(batch: pa.RecordBatch, target: pa.Schema, uri: str) -> pa.RecordBatch:
     """Spark's Arrow batch as ``target`` (vector casts, nullability), checked column by column."""
     import pyarrow as pa
 
-    if batch.schema.equals(target):
+    decimals = [_has_decimal(f.type) for f in target]
+    if batch.schema.equals(target) and not any(decimals):
         return batch
     columns = []
     for i, field in enumerate(target):
         column = batch.column(i)
+        if decimals[i]:
+            column = _aligned(column)
         if not field.nullable and column.null_count:
             raise SparkSchemaError(
                 uri, field.name, f"{column.null_count} null value(s) in a non-nullable column"

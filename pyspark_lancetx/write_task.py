@@ -110,7 +110,7 @@ def write_task(batches: Iterator[pa.RecordBatch], plan: WritePlan) -> TaskOutput
             pass
 
         def complete(self, fragment: Any, **kwargs: Any) -> None:
-            finished.extend(f.path for f in fragment.data_files())
+            finished.extend(f.path for f in fragment.files)
 
     def conformed() -> Iterator[pa.RecordBatch]:
         try:

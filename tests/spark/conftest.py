@@ -68,3 +68,34 @@ def ddb_uri(aws: EmbeddedAws, bucket: str) -> str:
     table = f"lancetx_{uuid.uuid4().hex[:10]}"
     create_table(boto3.client("dynamodb", **aws.client_kwargs()), table)
     return f"s3+ddb://{bucket}/t.lance?ddbTableName={table}"
+
+
+def lance_ids(uri: str, storage_options: dict[str, str] | None = None, column: str = "id") -> list[int]:
+    """The sorted ``column`` values pylance reads from the latest version."""
+    import lance
+
+    ds = lance.dataset(uri, storage_options=storage_options or None)
+    return sorted(ds.to_table(columns=[column]).column(column).to_pylist())
+
+
+def data_files(uri: str, storage_options: dict[str, str] | None = None) -> set[str]:
+    """Every data file under the table's ``data/`` directory."""
+    from lancetx.commit.storage.stores import open_object_store
+    from lancetx.externalstore.connect import connect
+
+    conn = connect(uri, storage_options or {})
+    store, base = open_object_store(conn.data_uri, storage_options or {}, legacy=True)
+    prefix = f"{base}/data/"
+    return {meta.key[len(prefix) :] for meta in store.list(prefix)}
+
+
+def referenced_files(uri: str, storage_options: dict[str, str] | None = None) -> set[str]:
+    """Data files referenced by any version of the table."""
+    import lance
+
+    ds = lance.dataset(uri, storage_options=storage_options or None)
+    out: set[str] = set()
+    for v in ds.versions():
+        old = lance.dataset(uri, version=v["version"], storage_options=storage_options or None)
+        out |= {f.path for frag in old.get_fragments() for f in frag.metadata.files}
+    return out
