@@ -56,7 +56,6 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.format.fragments import fragment_from_json
 from lancetx.commit.format.manifest import read_manifest_at
-from lancetx.commit.format.schema import max_field_id
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.externalstore.connect import TableConnection, connect
@@ -143,7 +142,9 @@ def _transactions_newest_first(
     conn: TableConnection, since: int, until: int
 ) -> Iterator[tuple[int, Mapping[str, str]]]:
     """``(version, transaction properties)`` for versions in ``(since, until]``, newest first."""
-    locations = [loc for loc in conn.handler.list_versions(conn.base, since) if loc.version <= until]
+    locations = [
+        loc for loc in conn.handler.list_versions(conn.base, since) if loc.version <= until
+    ]
     locations.reverse()
 
     def properties(location: Any) -> tuple[int, Mapping[str, str]]:
@@ -156,9 +157,7 @@ def _transactions_newest_first(
             yield from pool.map(properties, locations[start : start + SCAN_PARALLELISM])
 
 
-def find_committed(
-    conn: TableConnection, job: JobCommit, since: int, until: int
-) -> int | None:
+def find_committed(conn: TableConnection, job: JobCommit, since: int, until: int) -> int | None:
     """The version in ``(since, until]`` that already holds this job (or micro-batch)."""
     key = job.idempotency_key
     for version, props in _transactions_newest_first(conn, since, until):
@@ -213,7 +212,9 @@ class VersionRecord:
         return self.properties.get(JOB_ID_KEY)
 
 
-def table_history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionRecord]:
+def table_history(
+    uri: str, storage_options: Mapping[str, str] | None = None
+) -> list[VersionRecord]:
     """Every version of ``uri``, oldest first: operation, transaction properties, live rows."""
     from lancetx.commit.format.snapshot import load_snapshot
 
@@ -276,7 +277,9 @@ def plan_transaction(
             read_version=parent.version,
             operation=Append(fragments=tuple(_remapped(fragments, ids, None))),
         )
-    target = merged_fields(ours, table, new, manifest.max_field_id if manifest.HasField("max_field_id") else -1)
+    # Ids of dropped columns may still sit in data files: never reuse them.
+    in_files = max((i for f in manifest.fragments for d in f.files for i in d.fields), default=-1)
+    target = merged_fields(ours, table, new, in_files)
     ids = field_id_map(ours, target)
     high = manifest.max_fragment_id if manifest.HasField("max_fragment_id") else -1
     high = max([high, *(f.id for f in manifest.fragments)])
@@ -306,7 +309,9 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
         for name, count in out.null_counts.items():
             nulls[name] = nulls.get(name, 0) + count
     properties = dict(job.properties)
-    properties.update({IDEMPOTENCY_KEY: job.idempotency_key, JOB_ID_KEY: job.job_id, ROWS_KEY: str(rows)})
+    properties.update(
+        {IDEMPOTENCY_KEY: job.idempotency_key, JOB_ID_KEY: job.job_id, ROWS_KEY: str(rows)}
+    )
     if job.stream_id is not None:
         properties.update({STREAM_ID_KEY: job.stream_id, BATCH_ID_KEY: str(job.batch_id)})
     conn = connect(uri, job.plan.storage_options)
@@ -367,10 +372,18 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
                 # The claim may have landed: settle it by looking for our key next round.
                 uncertain = True
                 last_error = exc
-                log.warning("commit of job %s to %s: outcome unknown (%s); settling", job.job_id, uri, exc)
+                log.warning(
+                    "commit of job %s to %s: outcome unknown (%s); settling", job.job_id, uri, exc
+                )
                 time.sleep(0.2)
                 continue
-            log.info("job %s committed version %d of %s (%d attempts)", job.job_id, done.version, uri, attempts)
+            log.info(
+                "job %s committed version %d of %s (%d attempts)",
+                job.job_id,
+                done.version,
+                uri,
+                attempts,
+            )
             return JobCommitted(done.version, False, attempts)
     except JobCommitUnknownError:
         raise

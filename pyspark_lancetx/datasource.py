@@ -82,7 +82,9 @@ class _TableState:
     storage_version: str | None
 
 
-def _table_state(options: WriteOptions, schema: pa.Schema, overwrite: bool) -> tuple[str, _TableState]:
+def _table_state(
+    options: WriteOptions, schema: pa.Schema, overwrite: bool
+) -> tuple[str, _TableState]:
     """The data URI and the table's latest version; checks an append's columns early."""
     from lancetx.commit.engine.committer import load_parent
     from lancetx.externalstore.connect import connect
@@ -147,7 +149,9 @@ def _abort(plan: WritePlan, messages: Sequence[Any], what: str) -> None:
         return
     paths = [p for out in _outputs(messages) for p in fragment_file_paths(out.fragments)]
     left = remove_data_files(plan, paths)
-    log.warning("%s aborted before committing: removed %d data file(s)", what, len(paths) - len(left))
+    log.warning(
+        "%s aborted before committing: removed %d data file(s)", what, len(paths) - len(left)
+    )
 
 
 class LanceTxWriter(DataSourceArrowWriter):  # type: ignore[misc]
@@ -201,7 +205,9 @@ class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             return  # an empty micro-batch: nothing to commit, nothing to replay
         stream_id = self._stream_id(messages)
         if stream_id is None:
-            remove_data_files(self.plan, [p for o in outputs for p in fragment_file_paths(o.fragments)])
+            remove_data_files(
+                self.plan, [p for o in outputs for p in fragment_file_paths(o.fragments)]
+            )
             raise SparkOptionError(
                 "stream_id",
                 "",
@@ -246,7 +252,9 @@ class ScanPlan:
         """The pylance dataset at the pinned version."""
         import lance
 
-        return lance.dataset(self.uri, version=self.version, storage_options=self.storage_options or None)
+        return lance.dataset(
+            self.uri, version=self.version, storage_options=self.storage_options or None
+        )
 
     @property
     def filter(self) -> str | None:
@@ -306,7 +314,7 @@ class LanceTxFilteringReader(LanceTxReader):
     so this class is only handed out to Spark's filter-pushdown step.
     """
 
-    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 (Spark's name)
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         pushed = list(self.plan.filters)
         for f in filters:
             expression = translate(f)
@@ -340,7 +348,9 @@ def _called_for_pushdown() -> bool:
 
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_globals.get("__name__", "").endswith("data_source_pushdown_filters") or frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
+        if frame.f_globals.get("__name__", "").endswith(
+            "data_source_pushdown_filters"
+        ) or frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
@@ -350,8 +360,10 @@ def _parse_timestamp(text: str) -> datetime.datetime:
     try:
         value = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise SparkOptionError("timestamp", text, "an ISO-8601 time such as 2026-01-31T12:00:00Z") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.timezone.utc)
+        raise SparkOptionError(
+            "timestamp", text, "an ISO-8601 time such as 2026-01-31T12:00:00Z"
+        ) from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
 
 
 # --------------------------------------------------------------------------- the source
@@ -391,7 +403,9 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             by_name = {f.name: f for f in spark_schema.fields}
             for name in options.columns:
                 if name not in by_name:
-                    raise SparkSchemaError(options.uri, name, f"not a column of the table {sorted(by_name)}")
+                    raise SparkSchemaError(
+                        options.uri, name, f"not a column of the table {sorted(by_name)}"
+                    )
             spark_schema = StructType([by_name[n] for n in options.columns])
         pinned = _Pinned(dataset.version, spark_schema.json(), tuple(spark_schema.names))
         self._pinned = pinned
@@ -407,7 +421,9 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         known = set(table.names)
         for name in schema.names:
             if name not in known:
-                raise SparkSchemaError(options.uri, name, f"not a column of the table {sorted(known)}")
+                raise SparkSchemaError(
+                    options.uri, name, f"not a column of the table {sorted(known)}"
+                )
         plan = ScanPlan(
             uri=options.uri,
             storage_options=options.storage_options,
@@ -437,7 +453,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         )
         return LanceTxWriter(options, plan, job)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> LanceTxStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LanceTxStreamWriter:
         options, plan, _ = _plan_write(dict(self.options), schema, overwrite)
         return LanceTxStreamWriter(options, plan, overwrite)
 

@@ -92,9 +92,7 @@ def _all_nullable(dtype: pa.DataType) -> pa.DataType:
         item = dtype.value_field
         return pa.list_(pa.field(item.name, _all_nullable(item.type), True, item.metadata))
     if pa.types.is_map(dtype):
-        return pa.map_(
-            dtype.key_field, pa.field("value", _all_nullable(dtype.item_type), True)
-        )
+        return pa.map_(dtype.key_field, pa.field("value", _all_nullable(dtype.item_type), True))
     return dtype
 
 
@@ -138,7 +136,9 @@ def write_schema(
         try:
             arrow_type = to_arrow_type(f.dataType, timezone="UTC")
         except Exception as exc:  # Spark's converter raises its own error classes
-            raise UnsupportedSparkTypeError(uri, f.name, f"{f.dataType.simpleString()}: {exc}") from None
+            raise UnsupportedSparkTypeError(
+                uri, f.name, f"{f.dataType.simpleString()}: {exc}"
+            ) from None
         nullable = f.nullable or not keep_spark_nullability
         if not keep_spark_nullability:
             arrow_type = _all_nullable(arrow_type)
@@ -197,7 +197,9 @@ def conform_write_batch(batch: pa.RecordBatch, target: pa.Schema, uri: str) -> p
             try:
                 column = column.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SparkSchemaError(uri, field.name, f"cannot convert to {field.type}: {exc}") from None
+                raise SparkSchemaError(
+                    uri, field.name, f"cannot convert to {field.type}: {exc}"
+                ) from None
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
@@ -280,8 +282,10 @@ def match_table(
             )
         if other.parent_id == -1 and not other.nullable and null_counts.get(path, 0):
             raise SparkSchemaError(
-                uri, path, f"the table's column is non-nullable, but the job wrote "
-                f"{null_counts[path]} null value(s)"
+                uri,
+                path,
+                f"the table's column is non-nullable, but the job wrote "
+                f"{null_counts[path]} null value(s)",
             )
     for path in theirs:
         if path.split(".", 1)[0] in top_ours and path not in mine:
@@ -290,13 +294,17 @@ def match_table(
 
 
 def merged_fields(
-    ours: Sequence[file_pb2.Field], table: Sequence[file_pb2.Field], new: Sequence[str], max_id: int
+    ours: Sequence[file_pb2.Field],
+    table: Sequence[file_pb2.Field],
+    new: Sequence[str],
+    used_id: int = -1,
 ) -> list[file_pb2.Field]:
-    """The table's fields plus our new top-level columns (all nullable), ids after ``max_id``."""
+    """The table's fields plus our new top-level columns (all nullable), with ids after
+    both the table's largest and ``used_id``."""
     from lancetx.protos import file_pb2
 
     paths = field_paths(ours)
-    next_id = max(max_id, max_field_id(table)) + 1
+    next_id = max(max_field_id(table), used_id) + 1
     ids: dict[int, int] = {}
     out = [_copy(f) for f in table]
     for f in ours:
@@ -388,7 +396,9 @@ def read_spark_schema(arrow_schema: pa.Schema, uri: str) -> StructType:
         try:
             spark_type = from_arrow_type(readable, prefer_timestamp_ntz=True)
         except Exception as exc:  # Spark's converter raises its own error classes
-            raise UnsupportedSparkTypeError(uri, f.name, f"{f.type} cannot be read by Spark: {exc}") from None
+            raise UnsupportedSparkTypeError(
+                uri, f.name, f"{f.type} cannot be read by Spark: {exc}"
+            ) from None
         fields.append(StructField(f.name, spark_type, True))
     return StructType(fields)
 
@@ -421,4 +431,3 @@ def lance_fields(schema: pa.Schema) -> list[file_pb2.Field]:
 def null_counts(batch: pa.RecordBatch) -> dict[str, int]:
     """Nulls per top-level column of one batch."""
     return {f.name: batch.column(i).null_count for i, f in enumerate(batch.schema)}
-

@@ -70,7 +70,9 @@ def ddb_uri(aws: EmbeddedAws, bucket: str) -> str:
     return f"s3+ddb://{bucket}/t.lance?ddbTableName={table}"
 
 
-def lance_ids(uri: str, storage_options: dict[str, str] | None = None, column: str = "id") -> list[int]:
+def lance_ids(
+    uri: str, storage_options: dict[str, str] | None = None, column: str = "id"
+) -> list[int]:
     """The sorted ``column`` values pylance reads from the latest version."""
     import lance
 

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 
-
 def test_types_round_trip(spark: Any, tmp_path: Any) -> None:
     uri = str(tmp_path / "types.lance")
     df = spark.sql(
@@ -101,7 +100,9 @@ def test_read_version_and_columns(spark: Any, versions_table: str) -> None:
     assert per_fragment.rdd.getNumPartitions() >= 4
 
 
-def test_a_dataframe_stays_on_the_version_it_was_planned_on(spark: Any, versions_table: str) -> None:
+def test_a_dataframe_stays_on_the_version_it_was_planned_on(
+    spark: Any, versions_table: str
+) -> None:
     df = spark.read.format("lancetx").load(versions_table)
     assert df.count() == 200
     spark.range(0, 5, 1, 1).selectExpr("id + 1000 AS id", "'z' AS key").write.format(
