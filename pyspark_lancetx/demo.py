@@ -71,7 +71,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20_000, help="rows per Spark job")
     parser.add_argument("--pylance-appends", type=int, default=3, help="appends by pylance")
     args = parser.parse_args(argv)
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        os.environ[key] = value  # fake credentials: nothing can reach real AWS
+    started = time.perf_counter()
+    spark = _session()
+    try:
+        ok = run(spark, args.append_jobs, args.rows, args.pylance_appends)
+    finally:
+        spark.stop()
+    print(f"{'OK' if ok else 'FAILED'} in {time.perf_counter() - started:.0f}s")
+    return 0 if ok else 1
 
+
+def run(spark: Any, append_jobs: int, rows: int, pylance_appends: int) -> bool:
+    """The demo on ``spark`` against a fresh embedded server; True when every check holds."""
     import boto3
     import lance
     import pyarrow as pa
@@ -80,9 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lancetx.externalstore.embedded import EmbeddedAws
     from pyspark_lancetx.commit import ROWS_KEY, table_history
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        os.environ[key] = value  # fake credentials: nothing can reach real AWS
-    started = time.perf_counter()
     with EmbeddedAws(legacy_s3=True) as aws:
         print(f"embedded S3 + DynamoDB (moto) at {aws.endpoint}; S3 ignores If-None-Match (legacy)")
         storage = aws.pylance_storage_options()
@@ -90,45 +100,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         create_table(boto3.client("dynamodb", **aws.client_kwargs()), "lancetx_demo_manifests")
         uri = "s3+ddb://lancetx-demo/events.lance?ddbTableName=lancetx_demo_manifests"
         print(f"table {uri}")
-        spark = _session()
         print(f"Spark {spark.version} local mode, {spark.sparkContext.defaultParallelism} cores")
         options = {f"storage.{k}": v for k, v in storage.items()}
 
         def spark_job(name: str, mode: str, first_id: int) -> Callable[[], None]:
-            def run() -> None:
+            def job() -> None:
                 # Python data sources resolve through the JVM's active session, per thread.
                 spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-                df = spark.range(first_id, first_id + args.rows, 1, 2).selectExpr(
+                df = spark.range(first_id, first_id + rows, 1, 2).selectExpr(
                     "id", f"'{name}' AS writer", "rand() AS score"
                 )
                 df.write.format("lancetx").mode(mode).options(**options).option(
                     "job_id", name
                 ).option("commit_message", f"{mode} by {name}").save(uri)
 
-            return run
+            return job
 
         def pylance_writer() -> None:
-            for k in range(args.pylance_appends):
-                rows = pa.table(
+            for k in range(pylance_appends):
+                first = 10**9 + k * PYLANCE_ROWS
+                data = pa.table(
                     {
-                        "id": pa.array(
-                            range(10**9 + k * PYLANCE_ROWS, 10**9 + (k + 1) * PYLANCE_ROWS),
-                            pa.int64(),
-                        ),
+                        "id": pa.array(range(first, first + PYLANCE_ROWS), pa.int64()),
                         "writer": pa.array(["pylance"] * PYLANCE_ROWS),
                         "score": pa.array([0.5] * PYLANCE_ROWS),
                     }
                 )
-                lance.write_dataset(rows, uri, mode="append", storage_options=storage)
+                lance.write_dataset(data, uri, mode="append", storage_options=storage)
 
         spark_job("create", "append", 0)()
-        work = [
-            spark_job(f"append-{n}", "append", (n + 1) * 10**6) for n in range(args.append_jobs)
-        ]
+        work = [spark_job(f"append-{n}", "append", (n + 1) * 10**6) for n in range(append_jobs)]
         work.append(spark_job("overwrite", "overwrite", 10**8))
         work.append(pylance_writer)
         print(
-            f"running {args.append_jobs} Spark append jobs, 1 Spark overwrite and 1 pylance writer at once…"
+            f"running {append_jobs} Spark append jobs, 1 Spark overwrite and 1 pylance writer "
+            "at the same time"
         )
         errors = _in_threads(work)
         for exc in errors:
@@ -149,25 +155,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         versions = [r.version for r in history]
         jobs = [r.job_id for r in history if r.job_id]
-        expected_jobs = ["create", "overwrite", *(f"append-{n}" for n in range(args.append_jobs))]
+        expected_jobs = ["create", "overwrite", *(f"append-{n}" for n in range(append_jobs))]
         linear = versions == list(range(1, len(versions) + 1))
         once = sorted(jobs) == sorted(expected_jobs)
         pylance_versions = sum(1 for r in history if r.job_id is None)
         spark_rows = spark.read.format("lancetx").options(**options).load(uri).count()
         lance_rows = lance.dataset(uri, storage_options=storage).count_rows()
-        spark.stop()
         print(f"\nversions 1..{versions[-1]}: {'linear, no gap' if linear else versions}")
         print(
             f"every Spark job committed exactly once: {'yes' if once else jobs}; "
-            f"pylance appends: {pylance_versions}/{args.pylance_appends}"
+            f"pylance appends: {pylance_versions}/{pylance_appends}"
         )
         same = spark_rows == lance_rows == history[-1].rows
         print(
-            f"rows: Spark reads {spark_rows}, pylance reads {lance_rows}: {'agree' if same else 'DIFFER'}"
+            f"rows: Spark reads {spark_rows}, pylance reads {lance_rows}: "
+            f"{'agree' if same else 'DIFFER'}"
         )
-        ok = ok and linear and once and same and pylance_versions == args.pylance_appends
-        print(f"{'OK' if ok else 'FAILED'} in {time.perf_counter() - started:.0f}s")
-        return 0 if ok else 1
+        return ok and linear and once and same and pylance_versions == pylance_appends
 
 
 if __name__ == "__main__":

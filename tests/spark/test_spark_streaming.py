@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -10,15 +9,11 @@ from typing import Any
 from pyspark_lancetx import table_history
 from spark.conftest import lance_ids
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
 
 def _example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from spark.test_spark_examples import example
+
+    return example(name)
 
 
 def _drop(source: Path, n: int) -> None:
@@ -52,13 +47,3 @@ def test_a_replayed_micro_batch_is_not_committed_twice(spark: Any, tmp_path: Pat
     history = table_history(uri)
     assert [h.properties["lancetx.spark.batch_id"] for h in history] == ["0", "1", "2", "3"]
     assert {h.properties["lancetx.spark.stream_id"] for h in history} == {query_id}
-
-
-def test_the_batch_and_time_travel_examples(spark: Any, tmp_path: Path) -> None:
-    batch_job, time_travel = _example("batch_job"), _example("time_travel")
-    uri = str(tmp_path / "events.lance")
-    first = batch_job.run(spark, uri, rows=30, tag="monday")
-    second = batch_job.run(spark, uri, rows=20, tag="tuesday", first_id=100)
-    assert (first, second) == (1, 2)
-    assert time_travel.run(spark, uri, version=1) == {"monday": 30}
-    assert time_travel.run(spark, uri) == {"monday": 30, "tuesday": 20}
