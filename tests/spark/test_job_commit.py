@@ -8,12 +8,12 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 import pytest
+from spark_helpers import data_files, referenced_files
 
 from pyspark_lancetx.commit import JobCommit, commit_job, table_history
 from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError
 from pyspark_lancetx.options import ReadOptions, WriteOptions, parse_vector_columns
 from pyspark_lancetx.write_task import TaskOutput, WritePlan, schema_to_ipc, write_task
-from spark.conftest import data_files, referenced_files
 
 
 def _job(uri: str, schema: pa.Schema, name: str, mode: str = "append") -> JobCommit:

@@ -8,10 +8,10 @@ from typing import Any
 
 import lance
 import pytest
+from spark_helpers import data_files, lance_ids, referenced_files, spark_options
 
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from pyspark_lancetx import last_commit, table_history
-from spark.conftest import data_files, lance_ids, referenced_files, spark_options
 
 
 def _ddb_500(*, after_forwarding: bool) -> InterceptedResponse:

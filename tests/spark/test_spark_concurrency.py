@@ -7,18 +7,15 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import lance
 import pyarrow as pa
 import pytest
+from spark_helpers import EXAMPLES, lance_ids, spark_options
 
 from lancetx.externalstore.embedded import EmbeddedAws
 from pyspark_lancetx import table_history
-from spark.conftest import lance_ids, spark_options
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run_all(targets: list[Any]) -> None:

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def example(name: str) -> Any:
-    """Import ``examples/<name>.py`` (examples are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from spark_helpers import example
 
 
 def test_the_batch_and_time_travel_examples(spark: Any, tmp_path: Path) -> None:

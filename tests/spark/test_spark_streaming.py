@@ -6,14 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spark_helpers import example, lance_ids
+
 from pyspark_lancetx import table_history
-from spark.conftest import lance_ids
-
-
-def _example(name: str) -> Any:
-    from spark.test_spark_examples import example
-
-    return example(name)
 
 
 def _drop(source: Path, n: int) -> None:
@@ -22,7 +17,7 @@ def _drop(source: Path, n: int) -> None:
 
 
 def test_a_replayed_micro_batch_is_not_committed_twice(spark: Any, tmp_path: Path) -> None:
-    streaming_job = _example("streaming_job")
+    streaming_job = example("streaming_job")
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     source.mkdir()
     uri = str(tmp_path / "stream.lance")

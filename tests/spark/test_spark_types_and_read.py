@@ -92,6 +92,8 @@ def test_read_version_and_columns(spark: Any, versions_table: str) -> None:
     assert spark.read.format("lancetx").load(uri).count() == 200
     old = spark.read.format("lancetx").option("version", "1").load(uri)
     assert sorted(r.id for r in old.collect()) == list(range(100))
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    assert spark.read.format("lancetx").option("timestamp", now).load(uri).count() == 200
     pruned = spark.read.format("lancetx").option("columns", "key").load(uri)
     assert pruned.columns == ["key"]
     by_schema = spark.read.format("lancetx").schema("id long").load(uri)

@@ -7,9 +7,9 @@ from typing import Any
 
 import lance
 import pytest
+from spark_helpers import data_files, lance_ids, referenced_files, spark_options
 
 from pyspark_lancetx import last_commit, table_history
-from spark.conftest import data_files, lance_ids, referenced_files, spark_options
 
 
 def _target(kind: str, tmp_path: Any, ddb_uri: str, bucket: str) -> str:
