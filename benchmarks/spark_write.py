@@ -169,10 +169,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 options = {f"storage.{k}": v for k, v in aws.pylance_storage_options().items()}
                 uris: list[str] = []
 
+                s3.create_bucket(Bucket="bench")
+
                 def fresh() -> None:
-                    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-                    s3.create_bucket(Bucket=bucket)
-                    uris.append(f"s3+ddb://{bucket}/t.lance?ddbTableName={table}")
+                    # A new path per run: DynamoDB keys tables by their path in the bucket.
+                    uris.append(
+                        f"s3+ddb://bench/t-{uuid.uuid4().hex[:8]}.lance?ddbTableName={table}"
+                    )
 
                 results["lancetx-s3+ddb"] = _timed(
                     args.repeat,
