@@ -22,6 +22,7 @@ from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.moved import check_not_moved
 from lancetx.externalstore.uri import parse_ddb_uri
 
 
@@ -44,7 +45,8 @@ class TableConnection:
 def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> TableConnection:
     """The handler, base key and data URI for ``uri``. Raises InvalidUriError,
     the DynamoDB validation errors (missing table, wrong key schema), or
-    UnsupportedOperationError for a legacy ``s3://`` store."""
+    UnsupportedOperationError for a legacy ``s3://`` store, or TableMovedError for an
+    ``s3+ddb://`` table migrated to conditional PUT."""
     options = dict(storage_options or {})
     if uri.lower().startswith("s3+ddb://"):
         parsed = parse_ddb_uri(uri)
@@ -52,6 +54,8 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
         entries = DynamoDBManifestStore.from_config(
             parsed.table_name, DynamoDBConfig.from_options(options)
         )
+        # One GetItem: a table migrated to conditional PUT must not take s3+ddb:// commits.
+        check_not_moved(entries, parsed.base_key, parsed.table_name)
         handler: CommitHandler = ExternalStoreCommitHandler(store, entries)
         return TableConnection(uri, handler, parsed.base_key, parsed.s3_uri, options)
     store, base = open_object_store(uri, options)

@@ -885,6 +885,9 @@ class DynamoDBManifestStore(ExternalManifestStore):
         info = cached_validation(self._ctx.target)
         if info is None:
             info = self._run(validate_plan(self._ctx))
+            from lancetx.externalstore.store_schema import check_stamp
+
+            check_stamp(self.client, self.table_name)  # a newer lancetx's layout: refuse
             remember_validation(self._ctx.target, info)
         self.table_info = info
         if info.arn:

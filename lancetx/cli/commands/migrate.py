@@ -1,0 +1,7 @@
+"""stub"""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass
