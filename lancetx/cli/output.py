@@ -27,7 +27,7 @@ def to_jsonable(value: Any) -> Any:
         out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
         ok = getattr(type(value), "ok", None)
         if isinstance(ok, property):
-            out["ok"] = bool(getattr(value, "ok"))
+            out["ok"] = bool(ok.fget(value)) if ok.fget is not None else False
         return out
     if isinstance(value, enum.Enum):
         return value.value

@@ -56,7 +56,14 @@ def create_manifest_table(
     billing = str(request["BillingMode"])
     if dry_run:
         return CreateTableReport(
-            name, True, False, None, None, billing, point_in_time_recovery, tags or {},
+            name,
+            True,
+            False,
+            None,
+            None,
+            billing,
+            point_in_time_recovery,
+            tags or {},
             request=request,
         )
     target = target_of(client, name)
@@ -79,6 +86,13 @@ def create_manifest_table(
             raise translate_error(exc, target, "UpdateContinuousBackups") from exc
     migrate(client, name)
     return CreateTableReport(
-        name, False, created, info.status, info.arn, billing, point_in_time_recovery,
-        tags or {}, request=request,
+        name,
+        False,
+        created,
+        info.status,
+        info.arn,
+        billing,
+        point_in_time_recovery,
+        tags or {},
+        request=request,
     )

@@ -32,8 +32,8 @@ from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
     PARALLELISM,
     Progress,
-    _no_progress,
     VersionsListing,
+    _no_progress,
     committed_manifest_keys,
     list_prefixes,
     list_versions_folder,
@@ -121,7 +121,11 @@ def collect_garbage(
     for staged in listing.staged:
         if staged.key not in pointed_at and _older(staged.meta, cutoff):
             candidates.append(_garbage(staged.meta, "staged_manifest"))
-    kinds = {"data": "data_file", "_deletions": "deletion_file", "_transactions": "transaction_file"}
+    kinds = {
+        "data": "data_file",
+        "_deletions": "deletion_file",
+        "_transactions": "transaction_file",
+    }
     for folder, metas in listed.items():
         for meta in metas:
             if meta.key not in referenced and _older(meta, cutoff):
@@ -189,7 +193,11 @@ def readable_manifest_keys(
         if v in listing.finals or k in staged_keys
     }
     oldest = min(keys) if keys else None
-    broken = [e.version for e in entries if e.version not in keys and (oldest is None or e.version > oldest)]
+    broken = [
+        e.version
+        for e in entries
+        if e.version not in keys and (oldest is None or e.version > oldest)
+    ]
     if broken:
         raise WedgedTableError(
             table.uri, broken, table.command("repair", "--version", str(broken[0]))
@@ -220,10 +228,7 @@ def parse_age(text: str) -> timedelta:
     raw = text.strip().lower()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     try:
-        if raw and raw[-1] in units:
-            seconds = float(raw[:-1]) * units[raw[-1]]
-        else:
-            seconds = float(raw)
+        seconds = float(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else float(raw)
     except ValueError:
         raise ValueError(f"{text!r} is not an age like 7d, 12h, 30m or 45s") from None
     if seconds < 0:
@@ -232,4 +237,3 @@ def parse_age(text: str) -> timedelta:
 
 
 __all__ = ["Garbage", "GcReport", "WedgedTableError", "collect_garbage", "parse_age"]
-

@@ -48,7 +48,13 @@ class IamPolicies:
 
 
 def _statement(sid: str, actions: list[str], resources: list[str], **extra: Any) -> dict[str, Any]:
-    return {"Sid": sid, "Effect": "Allow", "Action": sorted(set(actions)), "Resource": resources, **extra}
+    return {
+        "Sid": sid,
+        "Effect": "Allow",
+        "Action": sorted(set(actions)),
+        "Resource": resources,
+        **extra,
+    }
 
 
 def iam_policies(
@@ -57,7 +63,9 @@ def iam_policies(
     """Policies for writers, readers and the CLI of ``table``."""
     bucket = table.bucket or "BUCKET"
     base = table.base
-    objects = f"arn:{partition}:s3:::{bucket}/{base}/*" if base else f"arn:{partition}:s3:::{bucket}/*"
+    objects = (
+        f"arn:{partition}:s3:::{bucket}/{base}/*" if base else f"arn:{partition}:s3:::{bucket}/*"
+    )
     versions = f"arn:{partition}:s3:::{bucket}/{base}/_versions/*"
     listing = _statement(
         "ListTable",

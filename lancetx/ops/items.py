@@ -25,7 +25,9 @@ def raw_item(entries: DynamoDBManifestStore, base_uri: str, version: int) -> dic
             TableName=entries.table_name, Key=key_of(base_uri, version), ConsistentRead=True
         )
     except (ClientError, BotoCoreError) as exc:
-        raise translate_error(exc, target_of(entries.client, entries.table_name), "GetItem") from exc
+        raise translate_error(
+            exc, target_of(entries.client, entries.table_name), "GetItem"
+        ) from exc
     item = response.get("Item")
     return dict(item) if item else None
 

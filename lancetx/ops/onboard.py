@@ -71,10 +71,10 @@ def onboard_table(
     recorded: list[int] = []
 
     def on_effect(effect: Effect) -> None:
-        if isinstance(effect, ClaimEntry) and effect.entry.version in missing:
-            if effect.entry.version not in recorded:
-                recorded.append(effect.entry.version)
-                progress("record", 1)
+        version = effect.entry.version if isinstance(effect, ClaimEntry) else None
+        if version in missing and version not in recorded:
+            recorded.append(version)
+            progress("record", 1)
 
     ptable = table.protocol_table
     if not have:

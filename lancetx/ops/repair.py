@@ -127,7 +127,9 @@ def repair_table(
 def _finalize(table: OpsTable, entry: ManifestEntry, dry_run: bool) -> RepairAction:
     final = final_key_of(table.protocol_table, entry)
     if dry_run:
-        return RepairAction("finalize", entry.version, f"would finalize {entry.path} → {final}", False)
+        return RepairAction(
+            "finalize", entry.version, f"would finalize {entry.path} → {final}", False
+        )
     done = table.run(finalize_steps(table.protocol_table, entry))
     log.info("finalized version %d of %s: %s", entry.version, table.uri, done.path)
     return RepairAction("finalize", entry.version, f"finalized {entry.path} → {done.path}", True)
@@ -155,7 +157,9 @@ def _restore_final(
     table.store.copy(source, final)
     meta = table.store.head(final)
     if entry.size is not None and meta.size != entry.size:
-        raise RepairVerificationError(table.store.uri(final), f"{meta.size} bytes, expected {entry.size}")
+        raise RepairVerificationError(
+            table.store.uri(final), f"{meta.size} bytes, expected {entry.size}"
+        )
     log.info("restored the final manifest of version %d of %s", entry.version, table.uri)
     return RepairAction("restore_final", entry.version, f"copied {source} → {final}", True)
 

@@ -327,8 +327,7 @@ def _deep_findings(
             out.append(
                 Finding(
                     "data_file_size_mismatch",
-                    f"data file {key!r} has {meta.size} bytes, version {lv.version} "
-                    f"records {size}",
+                    f"data file {key!r} has {meta.size} bytes, version {lv.version} records {size}",
                     "restore it from bucket versioning",
                     lv.version,
                     key,

@@ -96,7 +96,9 @@ def _check(
         return Candidate(name, key, read_version, None, False, str(exc))
     operation = txn.WhichOneof("operation")
     if parent is None:
-        return Candidate(name, key, read_version, operation, False, "the parent version is unreadable")
+        return Candidate(
+            name, key, read_version, operation, False, "the parent version is unreadable"
+        )
     try:
         build_manifest(
             parent.manifest, parent.indices or [], txn, version=version, transaction_file=name

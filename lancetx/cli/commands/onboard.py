@@ -19,7 +19,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Record every existing version of a table (written by pylance, plain s3://, or
         before DynamoDB was used) in DynamoDB, so that no claim can land on one."""
-        from lancetx.cli.output import emit_json, handled, parse_storage_options, progress, stdout_console
+        from lancetx.cli.output import (
+            emit_json,
+            handled,
+            parse_storage_options,
+            progress,
+            stdout_console,
+        )
         from lancetx.ops.onboard import onboard_table
         from lancetx.ops.table import open_table
 

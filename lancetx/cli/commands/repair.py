@@ -32,7 +32,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         yes: Annotated[
             bool,
-            typer.Option("--yes", "-y", help="For a wedged version: use the only usable candidate."),
+            typer.Option(
+                "--yes", "-y", help="For a wedged version: use the only usable candidate."
+            ),
         ] = False,
         force: Annotated[
             bool,

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from lancetx.cli.options import TABLE, JsonOutput, StorageOptions, UriArg, example
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(epilog=example(f"lancetx-sync status {TABLE}", f"lancetx-sync status {TABLE} --json"))
-    def status(uri: UriArg, storage_option: StorageOptions = None, json: JsonOutput = False) -> None:
+    @app.command(
+        epilog=example(f"lancetx-sync status {TABLE}", f"lancetx-sync status {TABLE} --json")
+    )
+    def status(
+        uri: UriArg, storage_option: StorageOptions = None, json: JsonOutput = False
+    ) -> None:
         """Latest version, unfinalized versions, item count, naming scheme, committers,
         onboarding state, last commit time and message. Reads only."""
         from lancetx.cli.output import (
@@ -30,7 +36,7 @@ def register(app: typer.Typer) -> None:
             emit_json("status", report)
             return
         console = stdout_console()
-        rows = [
+        rows: list[list[Any]] = [
             ["table", report.uri],
             ["DynamoDB table", report.dynamodb_table],
             ["latest version", report.latest_version],
