@@ -33,6 +33,7 @@ from lancetx.externalstore.protocol import (
     ONBOARD_PROBE_LIMIT,
     CommitOutcome,
     Steps,
+    StoreInfo,
     Table,
     commit_steps,
     list_versions_steps,
@@ -42,6 +43,7 @@ from lancetx.externalstore.protocol import (
     run,
     run_async,
 )
+from lancetx.externalstore.wedged import explain_wedge, table_uri
 
 __all__ = [
     "ONBOARD_PROBE_LIMIT",
@@ -55,6 +57,18 @@ T = TypeVar("T")
 def _table(base: str) -> Table:
     # Lance's convention: the external store's base_uri is the path inside the bucket.
     return Table(base_uri=base, base_key=base)
+
+
+def _dynamodb_table(entries: object) -> str | None:
+    name = getattr(entries, "table_name", None)
+    return name if isinstance(name, str) else None
+
+
+def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) -> Steps[T]:
+    """``steps`` with a wedged version reported as such (see :mod:`.wedged`)."""
+    ddb_table = _dynamodb_table(entries)
+    uri = table_uri(store.uri(base), ddb_table)
+    return explain_wedge(steps, _table(base), uri, dynamodb_table=ddb_table)
 
 
 class ExternalStoreCommitHandler(CommitHandler):
@@ -74,8 +88,8 @@ class ExternalStoreCommitHandler(CommitHandler):
         #: Outcome of the last commit (for callers that want to know about finalization).
         self.last_outcome: CommitOutcome | None = None
 
-    def _run(self, steps: Steps[T]) -> T:
-        return run(steps, self.store, self.entries)
+    def _run(self, steps: Steps[T], base: str) -> T:
+        return run(_explained(steps, base, self.store, self.entries), self.store, self.entries)
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.
@@ -85,14 +99,16 @@ class ExternalStoreCommitHandler(CommitHandler):
         hide a newer version), and recorded in the external store so that every
         later commit is claimed there. See :func:`protocol.resolve_latest_steps`.
         """
-        return self._run(resolve_latest_steps(_table(base), self.store, committer=self.committer))
+        return self._run(
+            resolve_latest_steps(_table(base), self.store, committer=self.committer), base
+        )
 
     def resolve_version(self, base: str, version: int) -> ManifestLocation:
         """``version``'s manifest, finalizing it if staged; falls back to the object store
         for versions committed before the table used the external store, and records
         them. See :func:`protocol.resolve_version_steps`."""
         return self._run(
-            resolve_version_steps(_table(base), version, self.store, committer=self.committer)
+            resolve_version_steps(_table(base), version, self.store, committer=self.committer), base
         )
 
     def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
@@ -100,21 +116,21 @@ class ExternalStoreCommitHandler(CommitHandler):
         without an entry (pre-onboarding history) come from the listing, and those
         a stale listing misses from a HEAD of their name. See
         :func:`protocol.list_versions_steps`."""
-        return self._run(list_versions_steps(_table(base), since, self.store))
+        return self._run(list_versions_steps(_table(base), since, self.store), base)
 
     def commit(
         self, base: str, version: int, manifest: bytes, scheme: NamingScheme
     ) -> ManifestLocation:
         """The four-step commit of ``version``; see :func:`protocol.commit_steps`."""
         outcome = self._run(
-            commit_steps(_table(base), version, scheme, manifest, committer=self.committer)
+            commit_steps(_table(base), version, scheme, manifest, committer=self.committer), base
         )
         self.last_outcome = outcome
         return outcome.location
 
     def _onboard(self, base: str) -> ManifestLocation | None:
         """Onboard a table without entries now (see :func:`protocol.onboard_steps`)."""
-        return self._run(onboard_steps(_table(base), self.store, committer=self.committer))
+        return self._run(onboard_steps(_table(base), self.store, committer=self.committer), base)
 
 
 class AsyncExternalStoreCommitHandler:
@@ -133,35 +149,39 @@ class AsyncExternalStoreCommitHandler:
         self.committer = committer
         self.last_outcome: CommitOutcome | None = None
 
-    async def _run(self, steps: Steps[T]) -> T:
-        return await run_async(steps, self.store, self.entries)
+    async def _run(self, steps: Steps[T], base: str) -> T:
+        return await run_async(
+            _explained(steps, base, self.store, self.entries), self.store, self.entries
+        )
 
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler.resolve_latest`."""
         return await self._run(
-            resolve_latest_steps(_table(base), self.store, committer=self.committer)
+            resolve_latest_steps(_table(base), self.store, committer=self.committer), base
         )
 
     async def resolve_version(self, base: str, version: int) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.resolve_version`."""
         return await self._run(
-            resolve_version_steps(_table(base), version, self.store, committer=self.committer)
+            resolve_version_steps(_table(base), version, self.store, committer=self.committer), base
         )
 
     async def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
         """See :meth:`ExternalStoreCommitHandler.list_versions`."""
-        return await self._run(list_versions_steps(_table(base), since, self.store))
+        return await self._run(list_versions_steps(_table(base), since, self.store), base)
 
     async def commit(
         self, base: str, version: int, manifest: bytes, scheme: NamingScheme
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
         outcome = await self._run(
-            commit_steps(_table(base), version, scheme, manifest, committer=self.committer)
+            commit_steps(_table(base), version, scheme, manifest, committer=self.committer), base
         )
         self.last_outcome = outcome
         return outcome.location
 
     async def _onboard(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler._onboard`."""
-        return await self._run(onboard_steps(_table(base), self.store, committer=self.committer))
+        return await self._run(
+            onboard_steps(_table(base), self.store, committer=self.committer), base
+        )

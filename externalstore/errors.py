@@ -71,10 +71,12 @@ __all__ = [
     "TableSchemaError",
     "ThrottledError",
     "UntrustedManifestPathError",
+    "WedgedVersionError",
     "create_table_hint",
     "error_code",
     "http_status",
     "never_connected",
+    "repair_command",
     "translate_error",
 ]
 
@@ -537,3 +539,65 @@ class ManifestCopyMismatchError(ManifestPointerError):
             f"committed staged manifest ({detail}); the pointer was not flipped. Retry the read; "
             "if it persists, another process is writing that key"
         )
+
+
+class WedgedVersionError(ManifestMissingError):
+    """A claimed version whose staged manifest is gone and which has no final manifest.
+
+    pylance deletes its staged manifest when its claim's answer was lost even
+    though the claim landed, leaving the item pointing at nothing; every later
+    commit would build on that version, so readers and writers stop here. The
+    version's content is recoverable from its transaction file: ``candidates``
+    are the transaction files that may hold it (read version below
+    ``version``, referenced by no committed manifest), as bucket-relative keys.
+    Older versions stay readable. ``repair_command`` re-materializes the
+    version from the transaction the operator picks.
+    """
+
+    def __init__(
+        self,
+        version: int,
+        base_uri: str,
+        item_path: str,
+        candidates: list[str],
+        repair_command: str,
+        *,
+        final: str | None = None,
+        table: str | None = None,
+    ) -> None:
+        self.version = version
+        self.base_uri = base_uri
+        self.item_path = item_path
+        self.staged = item_path
+        self.final = final or item_path
+        self.candidates = list(candidates)
+        self.repair_command = repair_command
+        self.table = table
+        where = f" in DynamoDB table {table!r}" if table else ""
+        if not candidates:
+            found = (
+                "no transaction file could hold it (none with a read version below "
+                f"{version} is unreferenced); restore the manifest from a backup or bucket "
+                "versioning, or, after checking that no data depends on it, delete the item"
+            )
+        elif len(candidates) == 1:
+            found = f"its transaction is probably {candidates[0]!r}"
+        else:
+            shown = ", ".join(repr(c) for c in candidates[:10])
+            more = f" and {len(candidates) - 10} more" if len(candidates) > 10 else ""
+            found = f"its transaction is one of {len(candidates)} candidates: {shown}{more}"
+        ManifestPointerError.__init__(
+            self,
+            f"version {version} of {base_uri!r} is wedged: its item{where} (base_uri "
+            f"{base_uri!r}, version {version}) points at staged manifest {item_path!r}, which "
+            f"is gone, and there is no final manifest {self.final!r} (a writer deleted its "
+            f"staged manifest after a claim that landed). Every commit after it is blocked; "
+            f"versions before {version} are still readable. {found[0].upper()}{found[1:]}. "
+            f"Repair it with: {repair_command}",
+        )
+
+
+def repair_command(table_uri: str, version: int) -> str:
+    """The CLI command that repairs wedged ``version`` of the table at ``table_uri``."""
+    quoted = table_uri.replace("'", "'\"'\"'")
+    return f"lancetx-sync repair '{quoted}' --version {version}"
