@@ -506,7 +506,10 @@ class UntrustedManifestPathError(ManifestPointerError):
             f"refusing to follow the external-store entry for version {version} of {base_uri!r}: "
             f"its path {path!r} is not a manifest of version {version} under {expected_prefix!r}. "
             "The entry was written by something other than Lance/lancetx or for another table; "
-            "inspect the item in the DynamoDB table and repair or delete it"
+            "`lancetx-sync verify 's3+ddb://<bucket>/"
+            f"{base_uri}?ddbTableName=<table>'` reports it, and `lancetx-sync repair "
+            f"'s3+ddb://<bucket>/{base_uri}?ddbTableName=<table>' --version {version} --force` "
+            "removes the item (newest version only; it is saved to a file first)"
         )
 
 
@@ -522,8 +525,10 @@ class ManifestMissingError(ManifestPointerError):
             f"version {version} of {base_uri!r} is committed in the external store but neither its "
             f"staged manifest {staged!r} nor its final manifest {final!r} exists; refusing to load. "
             "Restore the object from a backup or bucket versioning (copy it to the final name), "
-            "or, after checking no data depends on it, delete the item of this version from "
-            "the DynamoDB table"
+            "or run `lancetx-sync repair "
+            f"'s3+ddb://<bucket>/{base_uri}?ddbTableName=<table>' --version {version}`: it "
+            "rebuilds the version from its transaction file, or with --force removes the item "
+            "of the newest version after saving it to a file"
         )
 
 
@@ -578,7 +583,9 @@ class WedgedVersionError(ManifestMissingError):
             found = (
                 "no transaction file could hold it (none with a read version below "
                 f"{version} is unreferenced); restore the manifest from a backup or bucket "
-                "versioning, or, after checking that no data depends on it, delete the item"
+                "versioning, or, after checking that no data depends on it, remove the item "
+                f"with `{repair_command} --force` (newest version only; it is saved to a file "
+                "first)"
             )
         elif len(candidates) == 1:
             found = f"its transaction is probably {candidates[0]!r}"

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.errors import LancetxError
-from lancetx.commit.format import naming
 from lancetx.commit.format.manifest import ManifestFile, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
+from lancetx.externalstore.wedged import find_candidates, parse_transaction_name
 from lancetx.ops.table import OpsTable
 
 
@@ -36,32 +36,19 @@ class Candidate:
     problem: str | None = None
 
 
-def _read_version_of(name: str) -> int | None:
-    if not name.endswith(".txn"):
-        return None
-    head = name.split("-", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
 def wedged_candidates(table: OpsTable, version: int, scan: object) -> list[Candidate]:
-    """The candidate transactions of wedged ``version`` (``scan`` is verify's TableScan)."""
-    from lancetx.ops.verify import TableScan
-
-    assert isinstance(scan, TableScan)
-    referenced = {
-        lv.manifest.manifest.transaction_file
-        for lv in scan.loaded
-        if lv.manifest.manifest.transaction_file
-    }
+    """The candidate transactions of wedged ``version`` (listed by
+    :func:`lancetx.externalstore.wedged.find_candidates`), each checked by building
+    the version from its parent. ``scan`` is verify's TableScan."""
     parent = _parent_manifest(table, scan, version)
-    prefix = naming.join(table.base, naming.TRANSACTIONS_DIR) + "/"
+    keys = find_candidates(table.store, table.require_entries("repair"), table.base, version)
     out: list[Candidate] = []
-    for meta in table.store.list(prefix):
-        name = meta.key[len(prefix) :]
-        read_version = _read_version_of(name)
-        if read_version is None or read_version >= version or name in referenced:
+    for key in keys:
+        name = key.rsplit("/", 1)[-1]
+        parsed = parse_transaction_name(name)
+        if parsed is None:
             continue
-        out.append(_check(table, meta.key, name, read_version, parent, version))
+        out.append(_check(table, key, name, parsed[0], parent, version))
     out.sort(key=lambda c: (c.read_version, c.name))
     return out
 
