@@ -74,7 +74,7 @@ class DdbTable:
     def ddb(self) -> Any:
         return boto3.client("dynamodb", **self.aws.client_kwargs())
 
-    def keys(self, folder: str = "") -> list[str]:
+    def objects(self, folder: str = "") -> list[str]:
         prefix = f"{self.path}/{folder}"
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
@@ -140,7 +140,7 @@ def claim_lands_and_staged_vanishes(aws: EmbeddedAws, bucket: str, fired: list[s
 def wedge_with_pylance(table: DdbTable) -> tuple[str, str]:
     """Append with pylance so that its claim lands and its staged manifest is gone.
     Returns (the lost transaction file's key, the staged manifest the item points at)."""
-    before = set(table.keys("_transactions/"))
+    before = set(table.objects("_transactions/"))
     fired: list[str] = []
     table.aws.set_interceptor(claim_lands_and_staged_vanishes(table.aws, table.bucket, fired))
     try:
@@ -150,7 +150,7 @@ def wedge_with_pylance(table: DdbTable) -> tuple[str, str]:
     finally:
         table.aws.set_interceptor(None)
     assert len(fired) == 1
-    (lost,) = set(table.keys("_transactions/")) - before
+    (lost,) = set(table.objects("_transactions/")) - before
     return lost, fired[0]
 
 

@@ -23,7 +23,7 @@ from lancetx.ops.verify import verify_table
 def _stage(table: DdbTable, version_index: int = -1, *, flip_item: bool = True) -> str:
     """Make the newest version look like its writer crashed after the claim: its manifest
     only under a staged name; with ``flip_item`` the item points at it too."""
-    finals = [k for k in table.keys("_versions/") if k.endswith(".manifest")]
+    finals = [k for k in table.objects("_versions/") if k.endswith(".manifest")]
     final = sorted(finals)[0]  # V2 names: the newest sorts first
     staged = f"{final}-{uuid.uuid4()}"
     table.s3.copy_object(
@@ -51,13 +51,13 @@ def test_repair_rebuilds_a_version_a_pylance_writer_wedged(
     assert finding["path"] == staged
     assert finding["fix"] == f"lancetx-sync repair '{table.uri}' --version 3"
 
-    objects = table.keys()
+    objects = table.objects()
     listed = run_cli(legacy_aws, "repair", table.uri, "--json")  # no pick: nothing changes
     assert listed.code == 1
     assert listed.json["actions"] == []
     assert [c["key"] for c in listed.json["candidates"]["3"]] == [lost]
     assert listed.json["candidates"]["3"][0]["usable"] is True
-    assert table.keys() == objects and table.items()[-1]["path"]["S"] == staged
+    assert table.objects() == objects and table.items()[-1]["path"]["S"] == staged
 
     done = run_cli(
         legacy_aws, "repair", table.uri, "--version", "3", "--yes", "--json", via_env=False
@@ -88,18 +88,18 @@ def test_repair_finalizes_a_version_whose_writer_stopped_after_its_claim(
     assert status.json["item_count"] == 2 and status.json["committers"] == {"lancedb": 2}
     assert any("lancetx-sync repair" in note for note in status.json["notes"])
 
-    objects = table.keys()
+    objects = table.objects()
     planned = run_cli(aws, "repair", table.uri, "--dry-run", "--json")
     assert planned.code == 0
     assert [(a["kind"], a["version"], a["done"]) for a in planned.json["actions"]] == [
         ("finalize", 2, False)
     ]
-    assert table.keys() == objects  # a dry run writes nothing
+    assert table.objects() == objects  # a dry run writes nothing
 
     done = run_cli(aws, "repair", table.uri, "--json")
     assert done.code == 0
     assert [(a["kind"], a["done"]) for a in done.json["actions"]] == [("finalize", True)]
-    assert staged not in table.keys()
+    assert staged not in table.objects()
     assert table.items()[-1]["path"]["S"].endswith(".manifest")
     assert verify_table(open_table(table.uri, table.options)).ok
     assert read_versions(table.uri, table.options) == before
@@ -109,19 +109,19 @@ def test_repair_never_guesses_between_candidates(
     legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
     table = make_table(legacy_aws, bucket, ddb_table_name)
-    lost, staged = wedge_with_pylance(table)
+    lost, _ = wedge_with_pylance(table)
     # A second unreferenced transaction with the same read version: as plausible as the lost one.
     decoy = lost.rsplit("/", 1)[0] + f"/2-{uuid.uuid4()}.txn"
     table.s3.copy_object(
         Bucket=table.bucket, Key=decoy, CopySource={"Bucket": table.bucket, "Key": lost}
     )
-    objects, items = table.keys(), table.items()
+    objects, items = table.objects(), table.items()
 
     ops = open_table(table.uri, table.options)
     refused = repair_table(ops, yes=True)
     assert not refused.ok and refused.actions == []
     assert sorted(c.key for c in refused.candidates[3]) == sorted([lost, decoy])
-    assert (table.keys(), table.items()) == (objects, items)
+    assert (table.objects(), table.items()) == (objects, items)
 
     picked = repair_table(ops, version=3, transaction=lost.rsplit("/", 1)[1])
     assert picked.ok and [a.kind for a in picked.actions] == ["rematerialize"]
