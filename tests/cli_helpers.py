@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import boto3
@@ -171,3 +172,16 @@ def access_denied(target: str) -> Any:
         )
 
     return interceptor
+
+
+def age_objects(bucket: str, keys: Sequence[str], by: timedelta) -> None:
+    """Make objects of the embedded server look ``by`` older (their Last-Modified):
+    gc's age threshold can then stay far above any commit's duration in a fast test."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
+    for key in keys:
+        stored = backend.get_object(bucket, key)
+        assert stored is not None, key
+        stored.last_modified = stored.last_modified - by

@@ -5,10 +5,22 @@ from __future__ import annotations
 import uuid
 
 import lance
+import pytest
 from cli_helpers import make_table, read_versions, run_cli
-from protocol_helpers import batch, ddb_uri, ensure_ddb_table, pylance_append, pylance_create
+from protocol_helpers import (
+    batch,
+    ddb_uri,
+    ensure_ddb_table,
+    lancetx_append,
+    pylance_append,
+    pylance_create,
+)
 
+from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.errors import InvalidCommitError
+from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table
 
@@ -76,7 +88,11 @@ def test_cleanup_removes_old_versions_their_files_and_their_items(
     assert dry.code == 0 and dry.json["removed_versions"] == [1, 2]
     assert (table.objects(), table.items()) == (objects, items)
 
-    done = run_cli(aws, "cleanup", table.uri, "--keep-versions", "2", "--json")
+    fenced = run_cli(aws, "cleanup", table.uri, "--keep-versions", "2", "--dry-run", "--json")
+    assert fenced.json["items_deleted"] == [] and fenced.json["items_kept_as_fence"] == [1, 2]
+    done = run_cli(
+        aws, "cleanup", table.uri, "--keep-versions", "2", "--items-older-than", "0s", "--json"
+    )
     assert done.code == 0, done.stdout + done.stderr
     assert done.json["removed_versions"] == [1, 2] and done.json["items_deleted"] == [1, 2]
     assert first_data <= set(done.json["files_deleted"])
@@ -114,3 +130,30 @@ def test_onboard_records_a_table_written_without_dynamodb(
     assert [e.version for e in ops.list_entries()] == [1, 2, 3]
     assert verify_table(ops).ok
     assert read_versions(uri, options) == before
+
+
+def test_cleanup_keeps_young_items_so_a_writer_holding_an_old_parent_cannot_commit_below_latest(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    table = make_table(aws, bucket, ddb_table_name, versions=5)
+    conn = connect(table.uri, table.options)
+    stale = load_parent(conn.handler, conn.base, 1)  # a writer that read version 1 long ago
+    ops = open_table(table.uri, table.options)
+    report = cleanup_versions(ops, keep_versions=2)
+    assert report.removed_versions == [1, 2, 3]
+    assert report.items_deleted == [] and report.items_kept_as_fence == [1, 2, 3]
+
+    # Its claim of version 2 loses to the kept item; it is told to re-read, nothing is written.
+    objects = table.objects()
+    with pytest.raises(InvalidCommitError, match="re-read the table"):
+        lancetx_append(
+            conn.handler, conn.base, conn.data_uri, table.options, batch("stale", 0, 2), stale
+        )
+    assert [k for k in table.objects() if "/data/" not in k] == [
+        k for k in objects if "/data/" not in k
+    ]
+    done = lancetx_append(
+        conn.handler, conn.base, conn.data_uri, table.options, batch("fresh", 0, 2)
+    )
+    assert done.version == 6
+    assert verify_table(ops, deep=True, all_versions=True).ok

@@ -12,9 +12,18 @@ Lance's ``cleanup_old_versions`` rules, kept here:
 
 Order, so that a crash leaves nothing a reader trips over: the removed
 versions' manifests first (readers stop seeing them), then their DynamoDB
-items (conditional on the path we saw), then their files. Items of versions
-whose manifests a previous cleanup (pylance's own, say) already removed are
-deleted too.
+items (conditional on the path we saw), then their files.
+
+A removed version's DynamoDB item is a **fence**: a writer still holding an
+old parent claims the version after it, and only that item makes the claim
+lose. Without it the claim would win, and the writer would commit a version
+below the latest that no reader ever sees, referencing files this cleanup
+deleted (measured: it happens within seconds with four writers and
+``--keep-versions 4``). So an item is deleted only once its version is older
+than ``items_older_than`` (default 7 days, far beyond any writer's retry
+budget); younger ones stay and a later cleanup removes them. Items of versions
+whose manifests a previous cleanup (pylance's own, say) removed follow the
+same rule.
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ from lancetx.ops.table import OpsTable
 
 log = logging.getLogger(__name__)
 
+#: How old a removed version must be before its DynamoDB item (a fence) is deleted.
+ITEM_FENCE_AGE = timedelta(days=7)
+
 
 @dataclass(frozen=True)
 class CleanupReport:
@@ -52,6 +64,7 @@ class CleanupReport:
     tagged_versions: list[int] = field(default_factory=list)
     files_deleted: list[str] = field(default_factory=list)
     items_deleted: list[int] = field(default_factory=list)
+    items_kept_as_fence: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -81,6 +94,7 @@ def cleanup_versions(
     *,
     keep_versions: int | None = None,
     older_than: timedelta | None = None,
+    items_older_than: timedelta = ITEM_FENCE_AGE,
     dry_run: bool = False,
     progress: Progress = _no_progress,
     now: datetime | None = None,
@@ -123,11 +137,22 @@ def cleanup_versions(
     for lv in removed:
         drop |= referenced_keys(table.base, lv.manifest) - keep_refs
         drop_indices |= index_prefixes(table.base, lv.manifest) - keep_indices
-    oldest_kept = kept[0].version if kept else latest
-    stale_items = [
-        e for e in entries if e.version < oldest_kept and e.version not in keys
-    ]  # manifests already gone
-    removed_items = [e for e in entries if e.version in {lv.version for lv in removed}]
+    # Items may go only for versions older than the fence age: their timestamps are
+    # the removed manifests' (for versions removed earlier, the oldest removed now or
+    # kept, which is younger: conservative).
+    fence_cutoff = started - items_older_than
+    removed_at = {lv.version: _timestamp(lv) for lv in removed}
+    oldest_known = min([_timestamp(lv) for lv in loaded])
+    oldest_manifest = loaded[0].version
+    candidates = [
+        e
+        for e in entries
+        if e.version in removed_at or (e.version not in keys and e.version < oldest_manifest)
+    ]
+    removable_items = [
+        e for e in candidates if removed_at.get(e.version, oldest_known) < fence_cutoff
+    ]
+    fenced = sorted(e.version for e in candidates if e not in removable_items)
 
     files: list[str] = sorted(drop)
     errors: list[str] = []
@@ -137,7 +162,7 @@ def cleanup_versions(
             final = listing.finals.get(lv.version)
             for key in {lv.key, final.key if final is not None else lv.key}:
                 table.store.delete(key)
-        for entry in stale_items + removed_items:
+        for entry in removable_items:
             try:
                 assert table.entries is not None
                 delete_item_if_path(table.entries, table.base, entry.version, entry.path)
@@ -165,7 +190,7 @@ def cleanup_versions(
     else:
         for prefix in sorted(drop_indices):
             files.extend(m.key for m in table.store.list(prefix))
-        items_deleted = [e.version for e in stale_items + removed_items]
+        items_deleted = [e.version for e in removable_items]
     return CleanupReport(
         uri=table.uri,
         dry_run=dry_run,
@@ -175,5 +200,6 @@ def cleanup_versions(
         tagged_versions=sorted(tags),
         files_deleted=files,
         items_deleted=sorted(items_deleted),
+        items_kept_as_fence=fenced,
         errors=errors,
     )

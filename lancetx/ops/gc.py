@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.errors import LancetxError
+from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
@@ -39,6 +40,7 @@ from lancetx.ops.inventory import (
     list_versions_folder,
     read_manifests,
     referenced_keys,
+    transaction_keys,
 )
 from lancetx.ops.table import OpsTable
 
@@ -117,6 +119,10 @@ def collect_garbage(
     listed = list_prefixes(table, GC_FOLDERS, progress)
     pointed_at = {e.path for e in entries}
 
+    # Files named by transaction files too young to collect belong to writers that
+    # may still commit them (a writer writes its transaction file before claiming).
+    in_flight = _named_by_young_transactions(table, listed["_transactions"], cutoff, referenced)
+    referenced |= in_flight
     candidates: list[Garbage] = []
     for staged in listing.staged:
         if staged.key not in pointed_at and _older(staged.meta, cutoff):
@@ -173,6 +179,25 @@ def collect_garbage(
         kept_referenced_since_scan=report_kept,
         errors=errors,
     )
+
+
+def _named_by_young_transactions(
+    table: OpsTable, transactions: list[ObjectMeta], cutoff: datetime, referenced: set[str]
+) -> set[str]:
+    young = [m for m in transactions if m.key not in referenced and not _older(m, cutoff)]
+
+    def read(meta: ObjectMeta) -> set[str]:
+        try:
+            txn = decode_transaction(table.store.get(meta.key), path=table.store.uri(meta.key))
+        except LancetxError:
+            return set()  # gone (a writer cleaned up) or not a transaction: names nothing
+        return transaction_keys(table.base, txn)
+
+    named: set[str] = set()
+    with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
+        for keys in pool.map(read, young):
+            named |= keys
+    return named
 
 
 def _garbage(meta: ObjectMeta, kind: str) -> Garbage:

@@ -8,9 +8,12 @@ read manifest, so a caller can draw a bar without knowing the details.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
 
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format import naming
@@ -21,6 +24,7 @@ from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.table import OpsTable
+from lancetx.protos import table_pb2
 
 #: Parallel requests for listing folders and reading manifests.
 PARALLELISM = 8
@@ -119,14 +123,16 @@ def read_manifests(
     def one(item: tuple[int, str]) -> LoadedVersion | tuple[int, str]:
         version, key = item
         try:
-            manifest = read_manifest(table.store, key)
-        except ObjectNotFoundError:
+            for attempt in _with_final(key):
+                try:
+                    return LoadedVersion(version, attempt, read_manifest(table.store, attempt))
+                except ObjectNotFoundError:
+                    continue
             return version, f"manifest {table.store.uri(key)} is missing"
         except LancetxError as exc:
             return version, str(exc)
         finally:
             progress("read", 1)
-        return LoadedVersion(version, key, manifest)
 
     loaded: list[LoadedVersion] = []
     failed: dict[int, str] = {}
@@ -138,6 +144,16 @@ def read_manifests(
                 failed[result[0]] = result[1]
     loaded.sort(key=lambda lv: lv.version)
     return loaded, failed
+
+
+def _with_final(key: str) -> list[str]:
+    """``key``, then for a staged manifest its final name: a finalizer running
+    beside us may copy it and delete the staged object between our listing and our read."""
+    folder, _, name = key.rpartition("/")
+    staged = naming.parse_staged_name(name)
+    if staged is None:
+        return [key]
+    return [key, f"{folder}/{staged.final_name}" if folder else staged.final_name]
 
 
 def committed_manifest_keys(
@@ -188,6 +204,29 @@ def index_prefixes(base: str, manifest: ManifestFile) -> set[str]:
         if index.uuid.uuid:
             name = str(uuidlib.UUID(bytes=bytes(index.uuid.uuid)))
             out.add(naming.join(base, naming.INDICES_DIR, name) + "/")
+    return out
+
+
+def transaction_keys(base: str, txn: Message) -> set[str]:
+    """Data and deletion files a transaction names (every DataFragment in it, at any depth):
+    what its writer will reference once it commits."""
+    out: set[str] = set()
+    if isinstance(txn, table_pb2.DataFragment):
+        for data_file in txn.files:
+            if not data_file.HasField("base_id"):
+                out.add(naming.join(base, naming.DATA_DIR, data_file.path))
+        if txn.HasField("deletion_file") and not txn.deletion_file.HasField("base_id"):
+            with contextlib.suppress(LancetxError):
+                out.add(deletion_file_key(base, txn.id, txn.deletion_file))
+        return out
+    for field_descriptor, value in txn.ListFields():
+        if field_descriptor.message_type is None:
+            continue
+        if field_descriptor.message_type.GetOptions().map_entry:
+            continue
+        values = value if field_descriptor.is_repeated else [value]
+        for item in values:
+            out |= transaction_keys(base, item)
     return out
 
 

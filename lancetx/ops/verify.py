@@ -161,7 +161,8 @@ def scan_table(
                     Finding(
                         "cleaned_up_version",
                         f"version {version}'s manifest was deleted by a cleanup; its item remains",
-                        table.command("cleanup", "--keep-versions", "1", "--items-only"),
+                        table.command("cleanup", "--older-than", "7d")
+                        + " (deletes such items once they are older than the fence age)",
                         version,
                         final_key,
                         severity=INFO,

@@ -26,13 +26,23 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--older-than", help="Remove only versions older than this (30d, 12h)."),
         ] = None,
+        items_older_than: Annotated[
+            str,
+            typer.Option(
+                "--items-older-than",
+                help="Delete a removed version's DynamoDB item only once the version is this "
+                "old: until then the item stops writers holding an old parent from "
+                "committing a version below the latest.",
+            ),
+        ] = "7d",
         dry_run: DryRun = False,
         storage_option: StorageOptions = None,
         json: JsonOutput = False,
     ) -> None:
         """Remove old versions (manifests, the files only they reference, and their
         DynamoDB items) with Lance's cleanup_old_versions rules: never the latest or a
-        tagged version; files a kept version references stay."""
+        tagged version; files a kept version references stay. A removed version's item
+        is deleted only once it is older than --items-older-than."""
         from lancetx.cli.output import (
             FINDINGS,
             emit_json,
@@ -52,6 +62,7 @@ def register(app: typer.Typer) -> None:
             )
         try:
             age = parse_age(older_than) if older_than is not None else None
+            fence = parse_age(items_older_than)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--older-than") from None
         labels = {"list": "listing objects", "read": "reading manifests"}
@@ -60,6 +71,7 @@ def register(app: typer.Typer) -> None:
                 open_table(uri, options),
                 keep_versions=keep_versions,
                 older_than=age,
+                items_older_than=fence,
                 dry_run=dry_run,
                 progress=bar,
             )
@@ -71,7 +83,9 @@ def register(app: typer.Typer) -> None:
             console.print(
                 f"{verb} versions {report.removed_versions or 'none'}; kept "
                 f"{len(report.kept_versions)} (latest {report.latest_version}); "
-                f"{len(report.files_deleted)} file(s), {len(report.items_deleted)} item(s)"
+                f"{len(report.files_deleted)} file(s), {len(report.items_deleted)} item(s); "
+                f"{len(report.items_kept_as_fence)} item(s) kept until older than "
+                f"{items_older_than}"
             )
             for error in report.errors:
                 console.print(f"[red]error[/]: {error}")
