@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import lance
 import pytest
-from cli_helpers import make_table, read_versions, run_cli
+from cli_helpers import age_objects, make_table, read_versions, run_cli
 from protocol_helpers import (
     batch,
     ddb_uri,
@@ -17,10 +18,14 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import InvalidCommitError
+from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.commit.format.transaction_file import write_transaction_file
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
+from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table
 
@@ -157,3 +162,29 @@ def test_cleanup_keeps_young_items_so_a_writer_holding_an_old_parent_cannot_comm
     )
     assert done.version == 6
     assert verify_table(ops, deep=True, all_versions=True).ok
+
+
+def test_gc_keeps_files_a_young_transaction_file_names(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A writer still committing has written its transaction file: its data files stay,
+    however old they are; once that transaction file is old too, both go."""
+    table = make_table(aws, bucket, ddb_table_name)
+    fragments = lance.fragment.write_fragments(
+        batch("slow", 0, 4), f"s3://{bucket}/{table.path}", storage_options=table.options
+    )
+    data = {f"{table.path}/data/{f.path}" for fragment in fragments for f in fragment.files}
+    ops = open_table(table.uri, table.options)
+    txn = Transaction(
+        read_version=2,
+        operation=Append(fragments=tuple(fragment_from_pylance(f) for f in fragments)),
+    ).to_proto()
+    txn_key = f"{table.path}/_transactions/{write_transaction_file(ops.store, ops.base, txn)}"
+    age_objects(bucket, sorted(data), timedelta(hours=2))
+
+    in_flight = collect_garbage(ops, older_than=timedelta(hours=1))
+    assert not data & {c.key for c in in_flight.candidates}
+
+    age_objects(bucket, [txn_key], timedelta(hours=2))
+    abandoned = collect_garbage(ops, older_than=timedelta(hours=1))
+    assert {c.key for c in abandoned.candidates} == data | {txn_key}
