@@ -143,8 +143,12 @@ def create_table_hint(table: str, region: str | None = None, endpoint: str | Non
     where = (f" --region {region}" if region else "") + (
         f" --endpoint-url {endpoint}" if endpoint else ""
     )
+    options = (f" -o dynamodb_region={region}" if region else "") + (
+        f" -o dynamodb_endpoint={endpoint}" if endpoint else ""
+    )
     return (
-        f"create it with lancetx.externalstore.dynamodb.create_table(client, {table!r}) or "
+        f"create it with `lancetx-sync create-table {table}{options}` (then `lancetx-sync doctor` "
+        f"checks the setup), lancetx.externalstore.dynamodb.create_table(client, {table!r}) or "
         f"`aws dynamodb create-table --table-name {table} "
         "--attribute-definitions AttributeName=base_uri,AttributeType=S "
         "AttributeName=version,AttributeType=N "
