@@ -810,6 +810,10 @@ def create_table(
     """
     ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
+    if info.status == "ACTIVE":  # it may be another lancetx's table: same check as opening
+        from lancetx.externalstore.store_schema import check_stamp
+
+        check_stamp(client, name)
     remember_validation(ctx.target, info)
     return info
 

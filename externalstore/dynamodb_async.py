@@ -172,6 +172,9 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         info = cached_validation(self._ctx.target)
         if info is None:
             info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)
+            from lancetx.externalstore.store_schema import check_stamp_async
+
+            await check_stamp_async(self.client, self._ctx.table)  # a newer layout: refuse
             remember_validation(self._ctx.target, info)
         self.table_info = info
         if info.arn:

@@ -20,6 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from lancetx.commit.errors import LancetxError
+from lancetx.externalstore.dynamodb import (
+    ApiCall,
+    Plan,
+    PlanContext,
+    call_plan,
+    run_plan,
+    target_of,
+)
 
 #: The reserved item's hash key.
 STAMP_BASE_URI = "__lancetx_schema__"
@@ -53,23 +61,24 @@ def stamp_key() -> dict[str, Any]:
     return {"base_uri": {"S": STAMP_BASE_URI}, "version": {"N": str(STAMP_VERSION)}}
 
 
-def read_stamp(client: Any, table: str) -> int | None:
-    """The stamped layout of ``table`` (consistent GetItem); None if unstamped."""
-    from lancetx.externalstore.dynamodb import ApiCall, PlanContext, call_plan, run_plan, target_of
-
-    params = {"TableName": table, "Key": stamp_key(), "ConsistentRead": True}
-    ctx = PlanContext(target_of(client, table))
-    response = run_plan(client, call_plan(ctx, ApiCall("GetItem", params)))
+def read_stamp_plan(ctx: PlanContext) -> Plan[int | None]:
+    """The stamped layout (consistent GetItem), as a plan for either driver; None if unstamped."""
+    params = {"TableName": ctx.table, "Key": stamp_key(), "ConsistentRead": True}
+    response = yield from call_plan(ctx, ApiCall("GetItem", params))
     item = response.get("Item") or {}
     raw = item.get(SCHEMA_ATTRIBUTE, {}).get("N")
     return int(raw) if raw is not None else None
+
+
+def read_stamp(client: Any, table: str) -> int | None:
+    """The stamped layout of ``table`` (consistent GetItem); None if unstamped."""
+    return run_plan(client, read_stamp_plan(PlanContext(target_of(client, table))))
 
 
 def write_stamp(client: Any, table: str, schema_version: int) -> None:
     """Stamp ``table`` with ``schema_version``; never lowers an existing stamp."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from lancetx.externalstore.dynamodb import target_of
     from lancetx.externalstore.errors import CONDITION_FAILED_CODE, error_code, translate_error
 
     try:
@@ -92,13 +101,23 @@ def write_stamp(client: Any, table: str, schema_version: int) -> None:
         raise translate_error(exc, target_of(client, table), "PutItem") from exc
 
 
+def _cache_key(client: Any, table: str) -> tuple[str | None, str | None, str]:
+    meta = getattr(client, "meta", None)
+    return (getattr(meta, "endpoint_url", None), getattr(meta, "region_name", None), table)
+
+
+def _refuse_newer(table: str, found: int | None) -> int | None:
+    if found is not None and found > CURRENT_SCHEMA_VERSION:
+        raise StoreSchemaTooNewError(table, found, CURRENT_SCHEMA_VERSION)
+    return found
+
+
 def check_stamp(client: Any, table: str) -> int | None:
     """Refuse a store stamped by a newer lancetx (one read per table per process).
 
     Returns the stamped layout (None if unstamped). Raises StoreSchemaTooNewError.
     """
-    meta = getattr(client, "meta", None)
-    key = (getattr(meta, "endpoint_url", None), getattr(meta, "region_name", None), table)
+    key = _cache_key(client, table)
     with _LOCK:
         cached = key in _CHECKED
         found = _CHECKED.get(key)
@@ -106,9 +125,22 @@ def check_stamp(client: Any, table: str) -> int | None:
         found = read_stamp(client, table)
         with _LOCK:
             _CHECKED[key] = found
-    if found is not None and found > CURRENT_SCHEMA_VERSION:
-        raise StoreSchemaTooNewError(table, found, CURRENT_SCHEMA_VERSION)
-    return found
+    return _refuse_newer(table, found)
+
+
+async def check_stamp_async(client: Any, table: str) -> int | None:
+    """:func:`check_stamp` with an aiobotocore client."""
+    from lancetx.externalstore.dynamodb_async import run_plan_async
+
+    key = _cache_key(client, table)
+    with _LOCK:
+        cached = key in _CHECKED
+        found = _CHECKED.get(key)
+    if not cached:
+        found = await run_plan_async(client, read_stamp_plan(PlanContext(target_of(client, table))))
+        with _LOCK:
+            _CHECKED[key] = found
+    return _refuse_newer(table, found)
 
 
 def clear_stamp_cache() -> None:
@@ -175,8 +207,10 @@ __all__ = [
     "MigrationStep",
     "StoreSchemaTooNewError",
     "check_stamp",
+    "check_stamp_async",
     "clear_stamp_cache",
     "migrate",
     "read_stamp",
+    "read_stamp_plan",
     "write_stamp",
 ]

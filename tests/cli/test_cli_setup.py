@@ -3,6 +3,8 @@ store layout stamp."""
 
 from __future__ import annotations
 
+import asyncio
+
 import boto3
 import pytest
 from cli_helpers import access_denied, make_table, read_versions, run_cli
@@ -15,6 +17,7 @@ from lancetx.externalstore.dynamodb import (
     clear_validation_cache,
     make_client,
 )
+from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.moved import TableMovedError
 from lancetx.externalstore.store_schema import (
@@ -69,6 +72,18 @@ def test_a_store_stamped_by_a_newer_lancetx_is_refused(
     clear_stamp_cache()
     with pytest.raises(StoreSchemaTooNewError, match="upgrade lancetx"):
         DynamoDBManifestStore(client, ddb_table_name)
+    with pytest.raises(StoreSchemaTooNewError):
+        connect(f"s3+ddb://any/t.lance?ddbTableName={ddb_table_name}", options)
+
+    async def open_async() -> None:
+        config = DynamoDBConfig.from_options(options)
+        async with AsyncDynamoDBManifestStore.open(ddb_table_name, config):
+            pass
+
+    clear_validation_cache()
+    clear_stamp_cache()
+    with pytest.raises(StoreSchemaTooNewError, match="upgrade lancetx"):
+        asyncio.run(open_async())
     write_stamp(client, ddb_table_name, CURRENT_SCHEMA_VERSION)  # never lowered
     assert read_stamp(client, ddb_table_name) == CURRENT_SCHEMA_VERSION + 1
 
