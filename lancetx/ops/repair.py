@@ -21,13 +21,12 @@ from dataclasses import dataclass, field, replace
 
 from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
-from lancetx.commit.format import naming
 from lancetx.commit.format.manifest import ManifestFile, encode_manifest, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.protocol import final_key_of, finalize_steps
 from lancetx.ops.findings import ERROR, Finding
-from lancetx.ops.inventory import LoadedVersion, Progress, _no_progress
+from lancetx.ops.inventory import Progress, _no_progress
 from lancetx.ops.items import ItemChangedError, delete_item_if_path, raw_item, save_backup
 from lancetx.ops.table import OpsTable
 from lancetx.ops.verify import TableScan, _staged_copies, scan_table
@@ -78,7 +77,7 @@ def repair_table(
     progress: Progress = _no_progress,
 ) -> RepairReport:
     """Repair ``table`` (only ``version`` when given); see the module docstring."""
-    entries = table.require_entries("repair")
+    table.require_entries("repair")  # an s3:// table has no items to repair
     scan = scan_table(table, progress=progress)
     newest = scan.entries[-1].version if scan.entries else None
     by_version = {e.version: e for e in scan.entries}
@@ -120,7 +119,6 @@ def repair_table(
                 actions.append(action)
         else:
             unresolved.append(finding)
-    del entries
     return RepairReport(table.uri, dry_run, actions, unresolved, candidates)
 
 
@@ -298,5 +296,3 @@ def _remove_item(
 
 
 __all__ = ["RepairAction", "RepairReport", "RepairVerificationError", "repair_table"]
-
-_ = (LoadedVersion, naming)
