@@ -39,9 +39,9 @@ from lancetx.ops.gc import _referenced_since, readable_manifest_keys
 from lancetx.ops.inventory import (
     LoadedVersion,
     Progress,
-    _no_progress,
     index_prefixes,
     list_versions_folder,
+    no_progress,
     read_manifests,
     referenced_keys,
 )
@@ -96,7 +96,7 @@ def cleanup_versions(
     older_than: timedelta | None = None,
     items_older_than: timedelta = ITEM_FENCE_AGE,
     dry_run: bool = False,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
     now: datetime | None = None,
 ) -> CleanupReport:
     """Remove old versions of ``table``; see the module docstring."""

@@ -34,10 +34,10 @@ from lancetx.ops.inventory import (
     PARALLELISM,
     Progress,
     VersionsListing,
-    _no_progress,
     committed_manifest_keys,
     list_prefixes,
     list_versions_folder,
+    no_progress,
     read_manifests,
     referenced_keys,
     transaction_keys,
@@ -101,7 +101,7 @@ def collect_garbage(
     *,
     older_than: timedelta,
     dry_run: bool = True,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
     now: datetime | None = None,
 ) -> GcReport:
     """Find (and unless ``dry_run``, delete) garbage; see the module docstring."""

@@ -33,7 +33,7 @@ PARALLELISM = 8
 Progress = Callable[[str, int], None]
 
 
-def _no_progress(kind: str, advance: int) -> None:
+def no_progress(kind: str, advance: int) -> None:
     del kind, advance
 
 
@@ -64,7 +64,7 @@ class VersionsListing:
         return next(iter(self.schemes.values()), None)
 
 
-def list_versions_folder(table: OpsTable, progress: Progress = _no_progress) -> VersionsListing:
+def list_versions_folder(table: OpsTable, progress: Progress = no_progress) -> VersionsListing:
     """List ``_versions/`` once (paginated)."""
     prefix = versions_prefix(table.base)
     out = VersionsListing()
@@ -87,7 +87,7 @@ def list_versions_folder(table: OpsTable, progress: Progress = _no_progress) -> 
 
 
 def list_prefixes(
-    table: OpsTable, folders: Sequence[str], progress: Progress = _no_progress
+    table: OpsTable, folders: Sequence[str], progress: Progress = no_progress
 ) -> dict[str, list[ObjectMeta]]:
     """Every object under each of ``folders`` (relative to the table), listed in parallel."""
 
@@ -112,7 +112,7 @@ class LoadedVersion:
 
 
 def read_manifests(
-    table: OpsTable, keys: Iterable[tuple[int, str]], progress: Progress = _no_progress
+    table: OpsTable, keys: Iterable[tuple[int, str]], progress: Progress = no_progress
 ) -> tuple[list[LoadedVersion], dict[int, str]]:
     """Read the manifests at ``keys`` (version, key) in parallel.
 

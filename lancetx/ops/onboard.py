@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.externalstore.protocol import ClaimEntry, Effect, Steps, backfill_steps, onboard_steps
-from lancetx.ops.inventory import Progress, _no_progress, list_versions_folder
+from lancetx.ops.inventory import Progress, list_versions_folder, no_progress
 from lancetx.ops.table import OpsTable
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ def _observed(steps: Steps[T], on_effect: Callable[[Effect], None]) -> Steps[T]:
 
 
 def onboard_table(
-    table: OpsTable, *, dry_run: bool = False, progress: Progress = _no_progress
+    table: OpsTable, *, dry_run: bool = False, progress: Progress = no_progress
 ) -> OnboardReport:
     """Record every manifest of ``table`` that has no DynamoDB item."""
     entries = table.require_entries("onboard")

@@ -26,7 +26,7 @@ from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.protocol import final_key_of, finalize_steps
 from lancetx.ops.findings import ERROR, Finding
-from lancetx.ops.inventory import Progress, _no_progress
+from lancetx.ops.inventory import Progress, no_progress
 from lancetx.ops.items import ItemChangedError, delete_item_if_path, raw_item, save_backup
 from lancetx.ops.table import OpsTable
 from lancetx.ops.verify import TableScan, _staged_copies, scan_table
@@ -74,7 +74,7 @@ def repair_table(
     force: bool = False,
     dry_run: bool = False,
     backup_dir: str = ".",
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> RepairReport:
     """Repair ``table`` (only ``version`` when given); see the module docstring."""
     table.require_entries("repair")  # an s3:// table has no items to repair

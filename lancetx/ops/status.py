@@ -14,7 +14,7 @@ from lancetx.externalstore.errors import UntrustedManifestPathError
 from lancetx.externalstore.moved import moved_record
 from lancetx.externalstore.protocol import final_key_of
 from lancetx.externalstore.store_schema import read_stamp
-from lancetx.ops.inventory import Progress, _no_progress, list_versions_folder
+from lancetx.ops.inventory import Progress, list_versions_folder, no_progress
 from lancetx.ops.table import OpsTable
 
 
@@ -42,7 +42,7 @@ class StatusReport:
     notes: list[str] = field(default_factory=list)
 
 
-def table_status(table: OpsTable, progress: Progress = _no_progress) -> StatusReport:
+def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusReport:
     """Collect the status of ``table`` (one Query, one listing, one manifest read)."""
     entries = table.list_entries()
     listing = list_versions_folder(table, progress)

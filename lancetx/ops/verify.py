@@ -23,12 +23,12 @@ from lancetx.ops.inventory import (
     Progress,
     StagedObject,
     VersionsListing,
-    _no_progress,
     committed_manifest_keys,
     data_file_keys,
     deletion_keys,
     list_prefixes,
     list_versions_folder,
+    no_progress,
     read_manifests,
     transaction_key_of,
 )
@@ -65,7 +65,7 @@ def scan_table(
     *,
     deep: bool = False,
     all_versions: bool = False,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> TableScan:
     """Check ``table``; see the module docstring."""
     entries = table.list_entries()
@@ -277,7 +277,7 @@ def verify_table(
     *,
     deep: bool = False,
     all_versions: bool = False,
-    progress: Progress = _no_progress,
+    progress: Progress = no_progress,
 ) -> VerifyReport:
     """Verify ``table``; see the module docstring."""
     scan = scan_table(table, deep=deep, all_versions=all_versions, progress=progress)
