@@ -18,6 +18,7 @@ import lance
 import pytest
 from protocol_helpers import (
     batch,
+    create_transaction,
     ddb_uri,
     ensure_ddb_table,
     lancetx_append,
@@ -26,9 +27,6 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import commit_transaction, load_parent
-from lancetx.commit.engine.operations import Overwrite, Transaction
-from lancetx.commit.format.fragments import fragment_from_pylance
-from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.errors import TableCollisionError
@@ -87,7 +85,7 @@ def test_second_bucket_at_the_same_path_is_refused_and_the_first_untouched(
 
     # First commit of the second table: a create (Overwrite) without a parent in hand.
     with pytest.raises(TableCollisionError) as committed:
-        txn = _create_transaction(conn.data_uri, options)
+        txn = create_transaction(conn.data_uri, options, batch("second", 0, 2))
         commit_transaction(conn.handler, conn.base, txn)
     _check(committed.value, expected_other, other_bucket, ddb_table_name)
     data_files = set(_state(aws, other_bucket, ddb_table_name)[0])
@@ -120,17 +118,3 @@ def test_items_record_their_bucket(aws: EmbeddedAws, bucket: str, ddb_table_name
     assert items[1]["bucket"] == {"S": bucket}
     # pylance ignores the attribute: it reads and appends as usual.
     assert pylance_append(uri, options, batch("pylance", 0, 1)) == 3
-
-
-def _create_transaction(data_uri: str, options: dict[str, str]) -> Transaction:
-    data = batch("second", 0, 2)
-    fragments = lance.fragment.write_fragments(data, data_uri, storage_options=options)
-    fields, metadata = arrow_schema_to_fields(data.schema)
-    return Transaction(
-        read_version=0,
-        operation=Overwrite(
-            fragments=tuple(fragment_from_pylance(f) for f in fragments),
-            schema=tuple(fields),
-            schema_metadata=metadata,
-        ),
-    )
