@@ -43,7 +43,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -234,10 +234,8 @@ class FaultInjector:
     ) -> InterceptedResponse:
         def kill() -> None:
             if pid is not None:
-                try:
+                with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
         ddb = request.service == "dynamodb"
         if effect == "lost":
@@ -495,7 +493,7 @@ def _collect(workers: list[Worker]) -> list[dict[str, Any]]:
     while pending:
         ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
-            for conn, i in pending.items():
+            for i in pending.values():
                 workers[i].spent = True
                 workers[i].process.kill()
                 results[i] = {"timeout": True, "events": events[i]}
