@@ -59,7 +59,7 @@ def test_randomized_histories(
     boto3.client("s3", **aws.client_kwargs()).create_bucket(Bucket=bucket)
     ensure_ddb_table(aws.pylance_storage_options(), ddb_table_name)
     workers = int(os.environ.get("LANCETX_HISTORY_WORKERS", "8"))
-    parallel = int(os.environ.get("LANCETX_HISTORY_PARALLEL", str(max(1, workers // 3))))
+    parallel = int(os.environ.get("LANCETX_HISTORY_PARALLEL", str(max(1, (workers + 1) // 3))))
 
     def progress(outcome: Outcome) -> None:
         if outcome.anomalies:
