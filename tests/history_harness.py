@@ -229,9 +229,7 @@ class FaultInjector:
         return self._response(request, fault.effect, pid)
 
     @staticmethod
-    def _response(
-        request: InterceptedRequest, effect: str, pid: int | None
-    ) -> InterceptedResponse:
+    def _response(request: InterceptedRequest, effect: str, pid: int | None) -> InterceptedResponse:
         def kill() -> None:
             if pid is not None:
                 with suppress(ProcessLookupError):
@@ -591,9 +589,9 @@ class Summary:
 
 
 @contextmanager
-def harness(aws: EmbeddedAws, bucket: str, ddb_table: str, workers: int) -> Iterator[
-    tuple[World, Pool]
-]:
+def harness(
+    aws: EmbeddedAws, bucket: str, ddb_table: str, workers: int
+) -> Iterator[tuple[World, Pool]]:
     template = make_template(aws, bucket, ddb_table)
     injector = FaultInjector()
     aws.set_interceptor(injector)
