@@ -24,7 +24,12 @@ from typing import TypeVar
 
 from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
-from lancetx.commit.format.manifest import ManifestFile, read_manifest_at
+from lancetx.commit.format.manifest import (
+    ManifestFile,
+    check_reader_flags,
+    decode_manifest,
+    read_manifest_at,
+)
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
@@ -232,3 +237,38 @@ class AsyncExternalStoreCommitHandler:
         return await self._run(
             onboard_steps(_table(base), self.store, committer=self.committer), base
         )
+
+    async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """See :meth:`ExternalStoreCommitHandler.read_manifest` (one GET of the whole file)."""
+        try:
+            manifest = await self._read(location.key)
+        except ObjectNotFoundError as exc:
+            if location.alternate_key is None:
+                raise await self._explain(base, location, exc) from exc
+            location = await self.resolve_version(base, location.version)
+            try:
+                manifest = await self._read(location.key)
+            except (ObjectNotFoundError, ManifestFormatError) as again:
+                raise await self._explain(base, location, again) from again
+        except ManifestFormatError as exc:
+            raise await self._explain(base, location, exc) from exc
+        check_manifest(_table(base), location, manifest, _dynamodb_table(self.entries))
+        return manifest
+
+    async def _read(self, key: str) -> ManifestFile:
+        path = self.store.uri(key)
+        manifest = decode_manifest(await self.store.get(key), path=path)
+        check_reader_flags(manifest.manifest, path)
+        return manifest
+
+    async def _explain(
+        self, base: str, location: ManifestLocation, error: LancetxError
+    ) -> LancetxError:
+        steps = explain_unreadable_steps(
+            _table(base),
+            location,
+            error,
+            bucket_of(self.store.uri(base)),
+            _dynamodb_table(self.entries),
+        )
+        return await self._run(steps, base)
