@@ -74,6 +74,18 @@ EXPECTED_LANCETX = (
 EXPECTED_PYLANCE = ("OSError", "RuntimeError", "ValueError")
 
 HISTORY_TIMEOUT = 90.0
+#: What the fork server imports once, so that a new worker starts in milliseconds.
+PRELOAD = [
+    "pyarrow",
+    "lance",
+    "boto3",
+    "aioboto3",
+    "lancetx.commit.engine.committer",
+    "lancetx.externalstore.connect",
+    "lancetx.externalstore.commit_handler",
+    "lancetx.externalstore.dynamodb_async",
+    "lancetx.commit.storage.s3store_async",
+]
 
 
 # --------------------------------------------------------------------- schedules
@@ -291,7 +303,10 @@ class Pool:
 
     def __init__(self, size: int, warm_job: dict[str, Any]) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["history_worker"])
+        # Installed packages only: the fork server may not see the tests' sys.path,
+        # and it skips a preload it cannot import without a word.
+        self._ctx.set_forkserver_preload(PRELOAD)
+        self.failure: str | None = None
         self._warm_job = warm_job
         self._cond = threading.Condition()
         self._free: list[Worker] = []
@@ -304,14 +319,22 @@ class Pool:
 
     def _spawn(self) -> None:
         worker = Worker(self._ctx)
-        call(worker, self._warm_job)
+        warmed = call(worker, self._warm_job)
         with self._cond:
+            if not warmed.get("done") or warmed.get("error"):
+                # A worker that cannot even start would be respawned forever.
+                self.failure = f"a new worker failed to start: {warmed}"
+                self._cond.notify_all()
+                worker.stop()
+                return
             self._free.append(worker)
             self._cond.notify_all()
 
     def acquire(self, count: int) -> list[Worker]:
         with self._cond:
-            self._cond.wait_for(lambda: len(self._free) >= count)
+            self._cond.wait_for(lambda: len(self._free) >= count or self.failure is not None)
+            if self.failure is not None:
+                raise RuntimeError(self.failure)
             taken, self._free = self._free[:count], self._free[count:]
         return taken
 
