@@ -45,6 +45,8 @@ class ManifestEntry:
     ``size`` and ``e_tag`` describe the manifest object when known.
     ``committer`` names the writing software (Lance writes ``"lancedb"``).
     ``commit_token`` is the UUID of the writer's staged manifest (lancetx only).
+    ``bucket`` is the bucket the manifest lives in (lancetx only): Lance's key
+    omits it, so it tells two buckets' tables at the same path apart.
     """
 
     base_uri: str
@@ -54,6 +56,7 @@ class ManifestEntry:
     e_tag: str | None = None
     committer: str | None = None
     commit_token: str | None = None
+    bucket: str | None = None
 
     def __post_init__(self) -> None:
         if not self.base_uri:

@@ -22,11 +22,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
+from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import (
+    ManifestFile,
+    check_reader_flags,
+    decode_manifest,
+    read_manifest_at,
+)
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
+from lancetx.externalstore.identity import (
+    bucket_of,
+    check_manifest,
+    explain_unreadable_steps,
+    guard_bucket,
+)
 from lancetx.externalstore.protocol import (
     COMMITTER,
     ONBOARD_PROBE_LIMIT,
@@ -67,10 +80,14 @@ def _dynamodb_table(entries: object) -> str | None:
 
 
 def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) -> Steps[T]:
-    """``steps`` with a wedged version reported as such (see :mod:`.wedged`)."""
+    """``steps`` stamping and checking the bucket of items (see :mod:`.identity`), with a
+    wedged version reported as such (see :mod:`.wedged`)."""
     ddb_table = _dynamodb_table(entries)
     uri = table_uri(store.uri(base), ddb_table)
-    return explain_wedge(steps, _table(base), uri, dynamodb_table=ddb_table)
+    bucket = bucket_of(store.uri(base))
+    table = _table(base)
+    guarded = guard_bucket(steps, table, bucket, dynamodb_table=ddb_table)
+    return explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
 
 
 class ExternalStoreCommitHandler(CommitHandler):
@@ -134,6 +151,41 @@ class ExternalStoreCommitHandler(CommitHandler):
         """Onboard a table without entries now (see :func:`protocol.onboard_steps`)."""
         return self._run(onboard_steps(_table(base), self.store, committer=self.committer), base)
 
+    def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """The manifest an item points at, refusing what the item cannot vouch for.
+
+        A staged manifest gone meanwhile is finalized (or reported wedged); a
+        missing, corrupt, other-version or other-size manifest is a typed error
+        naming the item (:mod:`.identity`), or a TableCollisionError when it
+        belongs to another bucket's table. Nothing is written or deleted.
+        """
+        try:
+            manifest = read_manifest_at(self.store, location)
+        except ObjectNotFoundError as exc:
+            if location.alternate_key is None:
+                raise self._explain(base, location, exc) from exc
+            # The staged object and its final copy are both gone: finalizing settles it
+            # (someone finished meanwhile) or reports the version wedged.
+            location = self.resolve_version(base, location.version)
+            try:
+                manifest = read_manifest_at(self.store, location)
+            except (ObjectNotFoundError, ManifestFormatError) as again:
+                raise self._explain(base, location, again) from again
+        except ManifestFormatError as exc:
+            raise self._explain(base, location, exc) from exc
+        check_manifest(_table(base), location, manifest, _dynamodb_table(self.entries))
+        return manifest
+
+    def _explain(self, base: str, location: ManifestLocation, error: LancetxError) -> LancetxError:
+        steps = explain_unreadable_steps(
+            _table(base),
+            location,
+            error,
+            bucket_of(self.store.uri(base)),
+            _dynamodb_table(self.entries),
+        )
+        return self._run(steps, base)
+
 
 class AsyncExternalStoreCommitHandler:
     """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3): the same
@@ -187,3 +239,38 @@ class AsyncExternalStoreCommitHandler:
         return await self._run(
             onboard_steps(_table(base), self.store, committer=self.committer), base
         )
+
+    async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """See :meth:`ExternalStoreCommitHandler.read_manifest` (one GET of the whole file)."""
+        try:
+            manifest = await self._read(location.key)
+        except ObjectNotFoundError as exc:
+            if location.alternate_key is None:
+                raise await self._explain(base, location, exc) from exc
+            location = await self.resolve_version(base, location.version)
+            try:
+                manifest = await self._read(location.key)
+            except (ObjectNotFoundError, ManifestFormatError) as again:
+                raise await self._explain(base, location, again) from again
+        except ManifestFormatError as exc:
+            raise await self._explain(base, location, exc) from exc
+        check_manifest(_table(base), location, manifest, _dynamodb_table(self.entries))
+        return manifest
+
+    async def _read(self, key: str) -> ManifestFile:
+        path = self.store.uri(key)
+        manifest = decode_manifest(await self.store.get(key), path=path)
+        check_reader_flags(manifest.manifest, path)
+        return manifest
+
+    async def _explain(
+        self, base: str, location: ManifestLocation, error: LancetxError
+    ) -> LancetxError:
+        steps = explain_unreadable_steps(
+            _table(base),
+            location,
+            error,
+            bucket_of(self.store.uri(base)),
+            _dynamodb_table(self.entries),
+        )
+        return await self._run(steps, base)

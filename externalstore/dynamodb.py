@@ -3,7 +3,8 @@
 Table layout (Lance's, ``rust/lance-table/src/io/commit/dynamodb.rs``): HASH key
 ``base_uri`` (S), RANGE key ``version`` (N); attributes ``path`` (S), ``size``
 (N), ``committer`` (S), optional ``e_tag`` (S), plus lancetx's optional
-``commit_token`` (S), which pylance ignores.
+``commit_token`` (S) and ``bucket`` (S, the bucket of the manifests: Lance's key
+omits it), which pylance ignores.
 
 Structure (sans-IO): every operation is a *plan*, a generator that yields
 :class:`ApiCall` (perform this DynamoDB request and send me the response, or
@@ -60,6 +61,7 @@ from lancetx.externalstore.errors import (
     EntryNotFoundError,
     ExternalStoreError,
     InvalidConfigError,
+    MalformedEntryError,
     TableNotFoundError,
     TableSchemaError,
     translate_error,
@@ -107,6 +109,9 @@ SIZE = "size"
 E_TAG = "e_tag"
 COMMITTER = "committer"
 COMMIT_TOKEN = "commit_token"
+BUCKET = "bucket"
+#: Lance versions are u64; DynamoDB numbers go to 38 digits.
+MAX_VERSION = 2**64 - 1
 
 #: Lance's condition string, so Lance and lancetx writers exclude each other.
 PUT_IF_NOT_EXISTS_CONDITION = "attribute_not_exists(base_uri) AND attribute_not_exists(version)"
@@ -360,6 +365,8 @@ def item_from_entry(entry: ManifestEntry, committer: str) -> dict[str, Any]:
         item[E_TAG] = {"S": entry.e_tag}
     if entry.commit_token is not None:
         item[COMMIT_TOKEN] = {"S": entry.commit_token}
+    if entry.bucket is not None:
+        item[BUCKET] = {"S": entry.bucket}
     return item
 
 
@@ -374,7 +381,12 @@ def entry_from_item(
 
     def number(name: str) -> int | None:
         value = item.get(name)
-        return int(value["N"]) if isinstance(value, Mapping) and "N" in value else None
+        if not isinstance(value, Mapping) or "N" not in value:
+            return None
+        raw = str(value["N"])
+        if not raw.isdigit() or not raw.isascii() or int(raw) > MAX_VERSION:
+            raise ValueError(f"{name} {raw!r} is not a whole number in 0..2**64-1")
+        return int(raw)
 
     try:
         base_uri, version, path = text(BASE_URI), number(VERSION), text(PATH)
@@ -388,9 +400,10 @@ def entry_from_item(
             e_tag=text(E_TAG),
             committer=text(COMMITTER),
             commit_token=text(COMMIT_TOKEN),
+            bucket=text(BUCKET),
         )
     except ValueError as exc:
-        raise ExternalStoreError(
+        raise MalformedEntryError(
             f"dynamodb:{operation}",
             target.resource,
             f"malformed manifest item {dict(item)!r}: {exc}; the table holds items not written by "

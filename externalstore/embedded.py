@@ -14,12 +14,16 @@ Two differences from stock moto make it a faithful stand-in:
   lancetx exists for.
 
 An optional *interceptor* sees each request first and may answer it instead
-(fault injection: throttling, 5xx, timeouts).
+(fault injection: throttling, 5xx, timeouts, connection resets), before or
+after letting it reach moto.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
+import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -55,6 +59,12 @@ class InterceptedResponse:
     #: Let the request reach moto first, then answer with this response
     #: (a write that lands while the client sees an error: an ambiguous outcome).
     after_forwarding: bool = False
+    #: Drop the connection instead of answering (the client sees a reset), after
+    #: forwarding if ``after_forwarding``.
+    reset: bool = False
+    #: Called once the request was forwarded (or, if it is not, before answering):
+    #: e.g. kill the client after its write landed.
+    then: Callable[[], None] | None = None
 
 
 Interceptor = Callable[[InterceptedRequest], "InterceptedResponse | None"]
@@ -100,14 +110,14 @@ class _LockedApp:
             )
             pending = interceptor(request)
             if pending is not None and not pending.after_forwarding:
-                return _respond(pending, start_response)
+                return _respond(pending, start_response, environ)
         with self._lock:
-            if pending is not None:
-                # Run the real request, discard its answer, return the canned one.
-                _drain(self._app(environ, lambda *a, **k: None))
-                return _respond(pending, start_response)
-            # Materialize the body inside the lock: moto builds responses lazily.
-            return _drain(self._app(environ, start_response))
+            if pending is None:
+                # Materialize the body inside the lock: moto builds responses lazily.
+                return _drain(self._app(environ, start_response))
+            # Run the real request, discard its answer, return the canned one.
+            _drain(self._app(environ, lambda *a, **k: None))
+        return _respond(pending, start_response, environ)
 
 
 def _drain(chunks: Iterable[bytes]) -> list[bytes]:
@@ -121,7 +131,21 @@ def _drain(chunks: Iterable[bytes]) -> list[bytes]:
             close()
 
 
-def _respond(response: InterceptedResponse, start_response: Callable[..., Any]) -> list[bytes]:
+def _respond(
+    response: InterceptedResponse, start_response: Callable[..., Any], environ: dict[str, Any]
+) -> list[bytes]:
+    if response.then is not None:
+        response.then()
+    if response.reset:
+        sock = environ.get("werkzeug.socket")
+        if sock is not None:
+            # Linger 0: closing sends RST; the server treats the error as a dropped connection.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            # Now, not when the server gets round to closing: a keep-alive client would
+            # otherwise wait on the open connection for an answer that never comes.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        raise ConnectionResetError("injected: connection reset")
     reason = {400: "Bad Request", 403: "Forbidden", 500: "Internal Server Error", 503: "Slow Down"}
     status = f"{response.status} {reason.get(response.status, 'Error')}"
     headers = [*response.headers, ("Content-Length", str(len(response.body)))]

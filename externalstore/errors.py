@@ -54,6 +54,9 @@ __all__ = [
     "THROTTLING_CODES",
     "AccessDeniedError",
     "AmbiguousWriteError",
+    "BadEntryError",
+    "CorruptManifestError",
+    "DanglingEntryError",
     "DynamoDBTarget",
     "EndpointUnreachableError",
     "EntryExistsError",
@@ -63,10 +66,14 @@ __all__ = [
     "InvalidConfigError",
     "InvalidRequestError",
     "InvalidUriError",
+    "MalformedEntryError",
     "ManifestCopyMismatchError",
     "ManifestMissingError",
     "ManifestPointerError",
+    "ManifestSizeMismatchError",
+    "ManifestVersionMismatchError",
     "ServiceUnavailableError",
+    "TableCollisionError",
     "TableNotFoundError",
     "TableSchemaError",
     "ThrottledError",
@@ -612,3 +619,94 @@ def repair_command(table_uri: str, version: int) -> str:
     """The CLI command that repairs wedged ``version`` of the table at ``table_uri``."""
     quoted = table_uri.replace("'", "'\"'\"'")
     return f"lancetx-sync repair '{quoted}' --version {version}"
+
+
+class TableCollisionError(ManifestPointerError):
+    """Another bucket's table has the same path and shares the DynamoDB table.
+
+    Lance's DynamoDB key (``base_uri``) is the table's path *inside* the bucket,
+    without the bucket, so tables at the same path in two buckets share their
+    items and would overwrite each other's versions. ``other_bucket`` is None
+    when the item does not record its bucket (pylance writes none) and the
+    manifest it points at is not in ours.
+    """
+
+    def __init__(
+        self,
+        base_uri: str,
+        version: int,
+        bucket: str,
+        other_bucket: str | None,
+        dynamodb_table: str | None,
+        *,
+        path: str | None = None,
+    ) -> None:
+        self.base_uri = base_uri
+        self.version = version
+        self.bucket = bucket
+        self.other_bucket = other_bucket
+        self.dynamodb_table = dynamodb_table
+        self.path = path
+        table = f"DynamoDB table {dynamodb_table!r}" if dynamodb_table else "the external store"
+        if other_bucket is not None:
+            whose = f"was written for bucket {other_bucket!r}, not for bucket {bucket!r}"
+        else:
+            whose = (
+                f"points at {path!r}, which does not exist in bucket {bucket!r}, and bucket "
+                f"{bucket!r} holds no manifest of this table: it was written (by pylance, which "
+                "does not record the bucket) for the same path in another bucket"
+            )
+        super().__init__(
+            f"table collision: the item of version {version} of {base_uri!r} in {table} {whose}. "
+            f"Lance's DynamoDB key is the path inside the bucket without the bucket, so two "
+            f"buckets' tables at path {base_uri!r} would overwrite each other's versions; nothing "
+            f"was written. Use another DynamoDB table for bucket {bucket!r} (ddbTableName=...) "
+            "or another path for this table"
+        )
+
+
+class BadEntryError(ManifestPointerError):
+    """An item cannot be trusted: what it points at is missing, unreadable or another
+    version's. Nothing was followed, changed or deleted."""
+
+    def __init__(
+        self,
+        base_uri: str,
+        version: int,
+        path: str,
+        problem: str,
+        *,
+        dynamodb_table: str | None = None,
+    ) -> None:
+        self.base_uri = base_uri
+        self.version = version
+        self.path = path
+        self.problem = problem
+        self.dynamodb_table = dynamodb_table
+        table = f"DynamoDB table {dynamodb_table!r}" if dynamodb_table else "the external store"
+        super().__init__(
+            f"refusing the item of version {version} of {base_uri!r} in {table} (path "
+            f"{path!r}): {problem}. Nothing was changed. Inspect the item and the object: "
+            "restore the manifest from a backup or bucket versioning, or repair or delete the item"
+        )
+
+
+class DanglingEntryError(BadEntryError):
+    """The item points at a final manifest that does not exist (in our bucket)."""
+
+
+class CorruptManifestError(BadEntryError):
+    """The manifest the item points at is not a readable manifest (truncated, corrupted)."""
+
+
+class ManifestVersionMismatchError(BadEntryError):
+    """The manifest the item points at encodes another version."""
+
+
+class ManifestSizeMismatchError(BadEntryError):
+    """The item's ``size`` is missing or differs from the manifest's."""
+
+
+class MalformedEntryError(ExternalStoreError):
+    """An item's attributes cannot be a Lance manifest entry (a version that is not a
+    whole number in 0..2**64-1, a size that is not one, a missing path)."""

@@ -47,8 +47,16 @@ from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
 )
-from lancetx.externalstore.errors import ManifestMissingError, WedgedVersionError, repair_command
+from lancetx.externalstore.errors import (
+    EntryNotFoundError,
+    ManifestMissingError,
+    TableCollisionError,
+    WedgedVersionError,
+    repair_command,
+)
+from lancetx.externalstore.identity import holds_manifests
 from lancetx.externalstore.protocol import (
+    GetEntry,
     GetObject,
     ListEntries,
     ListObjects,
@@ -158,18 +166,44 @@ def _transaction_uuids(data: bytes, key: str) -> set[str]:
 
 
 def explain_wedge(
-    steps: Steps[T], table: Table, uri: str, *, dynamodb_table: str | None = None
+    steps: Steps[T],
+    table: Table,
+    uri: str,
+    *,
+    dynamodb_table: str | None = None,
+    bucket: str | None = None,
 ) -> Steps[T]:
     """Run ``steps``; a version found with neither staged nor final manifest becomes a
-    :class:`WedgedVersionError` with its candidates and the repair command for ``uri``."""
+    :class:`WedgedVersionError` with its candidates and the repair command for ``uri``.
+
+    With ``bucket``: an item that does not record its bucket (pylance's), with no
+    candidate, in a bucket holding no manifest of the table, belongs to another
+    bucket's table at the same path: :class:`TableCollisionError`.
+    """
     try:
         return (yield from steps)
-    except WedgedVersionError:
+    except (WedgedVersionError, TableCollisionError):
         raise
     except ManifestMissingError as missing:
         if missing.base_uri != table.base_uri:
             raise
         candidates = yield from candidate_steps(table, missing.version)
+        if not candidates and bucket is not None:
+            try:
+                entry: ManifestEntry | None = yield GetEntry(table.base_uri, missing.version)
+            except EntryNotFoundError:
+                entry = None
+            if entry is not None and entry.bucket is None:
+                holds = yield from holds_manifests(table)
+                if not holds:
+                    raise TableCollisionError(
+                        table.base_uri,
+                        missing.version,
+                        bucket,
+                        None,
+                        dynamodb_table,
+                        path=entry.path,
+                    ) from missing
         raise WedgedVersionError(
             missing.version,
             table.base_uri,

@@ -26,7 +26,7 @@ from protocol_helpers import (
     pylance_create,
 )
 
-from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.engine.committer import Committed, load_parent
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.externalstore.commit_handler import (
@@ -59,6 +59,8 @@ class Wedged:
     lost_txn: str
     #: the staged manifest the item points at
     staged: str
+    #: what a lancetx writer committed just before (version 2), as a long-lived writer holds it
+    parent: Committed
 
     def snapshot(self) -> tuple[dict[str, str], list[dict[str, Any]]]:
         """Every object (key → ETag) of the bucket and every item of the DynamoDB table."""
@@ -103,7 +105,7 @@ def wedged(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Iterato
     uri = ddb_uri(bucket, "db/wedged.lance", ddb_table_name)
     pylance_create(uri, options, batch("create", 0, 5))
     conn = connect(uri, options)
-    lancetx_append(conn.handler, conn.base, conn.data_uri, options, batch("lancetx", 0, 4))
+    parent = lancetx_append(conn.handler, conn.base, conn.data_uri, options, batch("lancetx", 0, 4))
     s3 = boto3.client("s3", **legacy_aws.client_kwargs())
     before = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     fired: list[str] = []
@@ -114,7 +116,7 @@ def wedged(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Iterato
     assert len(fired) == 1
     after = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     (lost_txn,) = [k for k in after - before if "/_transactions/" in k]
-    yield Wedged(legacy_aws, bucket, ddb_table_name, uri, options, lost_txn, fired[0])
+    yield Wedged(legacy_aws, bucket, ddb_table_name, uri, options, lost_txn, fired[0], parent)
 
 
 def _check(error: WedgedVersionError, wedged: Wedged) -> None:
@@ -177,6 +179,7 @@ def test_the_async_handler_refuses_it_too(wedged: Wedged) -> None:
             handler = AsyncExternalStoreCommitHandler(store, entries)
             older = await handler.resolve_version("db/wedged.lance", 2)
             assert older.version == 2
+            assert (await handler.read_manifest("db/wedged.lance", older)).version == 2
             try:
                 await handler.resolve_latest("db/wedged.lance")
             except WedgedVersionError as exc:
@@ -212,3 +215,34 @@ def test_candidates_leave_out_committed_transactions_even_under_another_name(
     assert isinstance(conn.handler, ExternalStoreCommitHandler)
     found = find_candidates(conn.handler.store, conn.handler.entries, conn.base, 3)
     assert found == sorted([wedged.lost_txn, stray])
+
+
+def test_a_writer_holding_an_older_parent_learns_it_when_it_loses_the_claim(
+    wedged: Wedged,
+) -> None:
+    """A long-lived writer still holds version 2: its claim of version 3 loses to the
+    wedged item, and loading the "winner" reports the wedge instead of a bare
+    missing object."""
+    conn = connect(wedged.uri, wedged.options)
+    items_before = wedged.snapshot()[1]
+    with pytest.raises(WedgedVersionError) as raised:
+        lancetx_append(
+            conn.handler,
+            conn.base,
+            conn.data_uri,
+            wedged.options,
+            batch("holder", 0, 1),
+            parent=wedged.parent,
+        )
+    error = raised.value
+    assert error.version == 3 and error.item_path == wedged.staged
+    # The writer's own transaction file still existed when it learned of the wedge;
+    # it is removed with the failed commit, leaving the one real candidate.
+    assert wedged.lost_txn in error.candidates
+    handler = conn.handler
+    assert isinstance(handler, ExternalStoreCommitHandler)
+    assert find_candidates(handler.store, handler.entries, conn.base, 3) == [wedged.lost_txn]
+    assert wedged.snapshot()[1] == items_before
+    objects = wedged.snapshot()[0]
+    assert wedged.staged not in objects
+    assert not [k for k in objects if "/_versions/" in k and "manifest-" in k]  # no staged left
