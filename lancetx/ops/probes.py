@@ -1,18 +1,24 @@
-"""Probes of what a bucket really does (as opposed to what it claims)."""
+"""Probes of what a bucket really does (as opposed to what it claims), for doctor and migrate.
+
+The conditional-PUT probe is the library's own (:mod:`lancetx.commit.handlers.probe`),
+asked afresh: an operator wants the store's answer now, not one this process cached.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from dataclasses import dataclass
 
-from lancetx.commit.errors import LancetxError, ObjectExistsError
-from lancetx.commit.format import naming
+from lancetx.commit.errors import LancetxError
+from lancetx.commit.handlers.probe import (
+    PROBE_DIR,
+    ConditionalPutIgnoredError,
+    clear_probe_cache,
+    probe_conditional_put,
+)
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.ops.table import OpsTable
 
-#: Folder of the probes' objects inside the table (nothing of Lance's lives there).
-PROBE_DIR = "_lancetx_probe"
+__all__ = ["PROBE_DIR", "ConditionalPutProbe", "conditional_put_probe"]
 
 
 @dataclass(frozen=True)
@@ -21,36 +27,25 @@ class ConditionalPutProbe:
     False if the store accepted it (it ignores the header), None if the probe failed."""
 
     honoured: bool | None
-    key: str
     detail: str
 
 
 def conditional_put_probe(table: OpsTable) -> ConditionalPutProbe:
-    """PUT one probe key twice with ``If-None-Match: *``, then delete it (3 requests)."""
+    """Two conditional PUTs of one probe key and a DELETE (3 requests)."""
     if table.bucket is None:
-        return ConditionalPutProbe(True, "", "a local table: link-if-not-exists is atomic")
-    s3_uri = table.s3_uri or table.uri
-    store, base = open_object_store(s3_uri, table.options, legacy=False)
-    key = naming.join(base, PROBE_DIR, f"conditional-put-{uuid.uuid4()}")
+        return ConditionalPutProbe(True, "a local table: link-if-not-exists is atomic")
+    store, base = open_object_store(table.s3_uri or table.uri, table.options, legacy=False)
+    clear_probe_cache()
     try:
-        store.put_if_not_exists(key, b"first")
-    except LancetxError as exc:
-        return ConditionalPutProbe(None, key, f"the first conditional PUT failed: {exc}")
-    try:
-        try:
-            store.put_if_not_exists(key, b"second")
-        except ObjectExistsError:
-            return ConditionalPutProbe(
-                True, key, "the second conditional PUT of the same key was refused (412)"
-            )
-        except LancetxError as exc:
-            return ConditionalPutProbe(None, key, f"the second conditional PUT failed: {exc}")
+        probe_conditional_put(store, base)
+    except ConditionalPutIgnoredError:
         return ConditionalPutProbe(
             False,
-            key,
-            "the store accepted a second PUT with If-None-Match: * on an existing key: it "
+            "the store accepted a second PUT with If-None-Match: * of an existing object: it "
             "ignores the header, so two s3:// writers can both create the same version",
         )
-    finally:
-        with contextlib.suppress(LancetxError):
-            store.delete(key)
+    except LancetxError as exc:
+        return ConditionalPutProbe(None, f"the probe failed: {exc}")
+    return ConditionalPutProbe(
+        True, "a second PUT with If-None-Match: * of an existing object was refused (412)"
+    )
