@@ -684,10 +684,14 @@ class BadEntryError(ManifestPointerError):
         self.problem = problem
         self.dynamodb_table = dynamodb_table
         table = f"DynamoDB table {dynamodb_table!r}" if dynamodb_table else "the external store"
+        uri = f"s3+ddb://<bucket>/{base_uri}?ddbTableName={dynamodb_table or '<table>'}"
         super().__init__(
             f"refusing the item of version {version} of {base_uri!r} in {table} (path "
-            f"{path!r}): {problem}. Nothing was changed. Inspect the item and the object: "
-            "restore the manifest from a backup or bucket versioning, or repair or delete the item"
+            f"{path!r}): {problem}. Nothing was changed. `lancetx-sync verify '{uri}'` reports "
+            "every such item; restore the manifest from a backup or bucket versioning, or run "
+            f"`lancetx-sync repair '{uri}' --version {version}`: it restores a final manifest "
+            "from a staged copy, or with --force removes the item of the newest version after "
+            "saving it to a file"
         )
 
 
