@@ -85,8 +85,35 @@ def scan_table(
                 table.command("onboard"),
             )
         )
+    collision_fix = (
+        f"another bucket's table at path {table.base!r} shares DynamoDB table "
+        f"{table.ddb_table!r} (Lance's key omits the bucket): give one of them another "
+        "DynamoDB table (ddbTableName=...) or another path"
+    )
+    if entries and not listing.finals and not listing.staged:
+        findings.append(
+            Finding(
+                "table_collision",
+                f"DynamoDB holds {len(entries)} item(s) under {table.base!r} but bucket "
+                f"{table.bucket!r} has no manifest there",
+                collision_fix,
+            )
+        )
+        return TableScan(entries, listing, [], findings)
     for entry in entries:
         version = entry.version
+        if entry.bucket is not None and table.bucket is not None and entry.bucket != table.bucket:
+            findings.append(
+                Finding(
+                    "table_collision",
+                    f"version {version}'s item was written for bucket {entry.bucket!r}, "
+                    f"not {table.bucket!r}",
+                    collision_fix,
+                    version,
+                    entry.path,
+                )
+            )
+            continue
         try:
             validate_entry(ptable, entry)
         except UntrustedManifestPathError as exc:

@@ -32,6 +32,7 @@ from lancetx.externalstore.store_schema import (
 )
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.table import open_table
+from lancetx.ops.verify import verify_table
 
 
 def test_create_table_provisioned_tagged_with_pitr_waits_active_and_stamps(
@@ -145,6 +146,8 @@ def test_doctor_finds_another_buckets_table_sharing_the_path_and_dynamodb_table(
     assert check["status"] == "failed"
     assert other in check["detail"] and "another bucket" in check["detail"]
     assert "ddbTableName" in check["fix"]
+    seen = verify_table(open_table(second_uri, first.options))
+    assert [f.kind for f in seen.findings] == ["table_collision"]
     assert run_doctor(open_table(first.uri, first.options), probe_writes=False).ok
     assert read_versions(first.uri, first.options) == before
 
