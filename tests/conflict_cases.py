@@ -552,6 +552,50 @@ def _deletion_vector_variants(
     ]
 
 
+def _column_rewrite_variants(hit: Operation, miss: Operation) -> list[Variant]:
+    """Our Update in REWRITE_COLUMNS mode (a new data file for fragment 0) vs
+    their Delete / row-rewriting Update: the lost-update cells."""
+    ours = _update(
+        with_files(F[0], data_file("f0-b2.lance", (1,))), mode=UpdateMode.REWRITE_COLUMNS
+    )
+    theirs_kind = hit.kind
+    note = (
+        "Conflict Scenarios: rebasable only because the transaction 'only modified deletion "
+        "vectors (not data files)'; merging masks into either copy of the fragment would drop "
+        "one side's change"
+    )
+    lance_now = (
+        "B (check_update_txn compares only the committed side's data files; "
+        "finish_delete_update then keeps ours' files and merges the masks)"
+    )
+    return [
+        Variant(
+            "same fragment, we rewrote its columns (new data file)",
+            R,
+            _spec(K.UPDATE, theirs_kind, note),
+            ours,
+            hit,
+            lance_now=lance_now,
+        ),
+        Variant(
+            "same fragment, we rewrote its columns, read state unknown",
+            R,
+            _spec(K.UPDATE, theirs_kind, note + "; without the read state the mode decides"),
+            ours,
+            hit,
+            ConflictContext(),
+            lance_now=lance_now,
+        ),
+        Variant(
+            "we rewrote the columns of another fragment",
+            C,
+            _spec(K.UPDATE, theirs_kind, "nothing overlaps"),
+            ours,
+            miss,
+        ),
+    ]
+
+
 def _overlap_variants(
     ours_kind: OperationKind,
     theirs_kind: OperationKind,
@@ -899,9 +943,18 @@ VARIANTS: dict[tuple[OperationKind, OperationKind], list[Variant]] = {
             _update(with_deletion(F[0], 12), keys=exact_keys(1, 2)),
         ),
     ],
-    (K.UPDATE, K.DELETE): _deletion_vector_variants(K.UPDATE, K.DELETE),
+    (K.UPDATE, K.DELETE): [
+        *_deletion_vector_variants(K.UPDATE, K.DELETE),
+        *_column_rewrite_variants(
+            _delete(with_deletion(F[0], 21)), _delete(with_deletion(F[1], 21))
+        ),
+    ],
     (K.UPDATE, K.UPDATE): [
         *_deletion_vector_variants(K.UPDATE, K.UPDATE),
+        *_column_rewrite_variants(
+            _update(with_deletion(F[0], 22), new=(fragment(0, data_file("u.lance", (0, 1))),)),
+            _update(with_deletion(F[1], 22), new=(fragment(0, data_file("u.lance", (0, 1))),)),
+        ),
         Variant(
             "merge-inserts that may have inserted the same key",
             R,
