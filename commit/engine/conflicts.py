@@ -870,10 +870,15 @@ def same_field_same_fragment(
 
 @condition()
 def same_config_key(ours: Transaction, theirs: Transaction, ctx: ConflictContext) -> Finding | None:
-    """Both set or remove the same table config key (replacing the whole
-    config map touches every key)."""
+    """One sets a table config key the other sets or removes (replacing the
+    whole config map touches every key). Two removals of the same key commute
+    -- either order leaves it absent -- so they do not conflict (as in Lance's
+    ``upsert_key_conflict``; a divergence from the spec's wording, marked in
+    the conflict matrix)."""
     mine, other = ours.operation, theirs.operation
-    shared = mine.touched_config_keys & other.touched_config_keys
+    shared = (mine.upserted_config_keys & other.touched_config_keys) | (
+        mine.touched_config_keys & other.upserted_config_keys
+    )
     if shared:
         return Finding(f"both change config key(s) {_names(shared)}")
     if (mine.replaces_config and other.touched_config_keys) or (
