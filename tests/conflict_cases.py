@@ -1054,7 +1054,9 @@ VARIANTS: dict[tuple[OperationKind, OperationKind], list[Variant]] = {
         Variant(
             "both remove the same key, one also sets another the other removes",
             N,
-            _spec(K.UPDATE_CONFIG, K.UPDATE_CONFIG, "a set and a removal of one key do not commute"),
+            _spec(
+                K.UPDATE_CONFIG, K.UPDATE_CONFIG, "a set and a removal of one key do not commute"
+            ),
             UpdateConfig(config_updates=update_map({"remove-key": None, "k2": "v"})),
             UpdateConfig(config_updates=update_map({"remove-key": None, "k2": None})),
         ),
