@@ -18,8 +18,15 @@ theirs) changed is never merged -- the rules classify it RETRYABLE, and this
 step refuses it too -- and a rebase that would leave out a data file ours
 references is refused before anything is written.
 
-Singleton-index rebases (fragment-reuse and MemWAL index details) are not
-implemented: such a verdict surfaces as a retryable conflict, with that reason.
+The other rebase merges the fragment reuse index (:mod:`.frag_reuse`): a
+CreateIndex writing it (a cleanup) against committed changes to it -- a
+compaction with deferred index remapping that added a version, or another
+cleanup that removed some -- gets a new index whose versions carry both
+sides' changes, replacing the index that is current now.
+
+Not implemented, and surfacing as a retryable conflict with that reason:
+merging MemWAL index details, and a Rewrite carrying its own fragment reuse
+index (lancetx does not commit those).
 """
 
 from __future__ import annotations
@@ -30,7 +37,17 @@ from collections.abc import Mapping, Sequence
 from pyroaring import BitMap
 
 from lancetx.commit.engine.conflicts import RebaseKind, RebaseNeeded
-from lancetx.commit.engine.operations import DataFragment, Delete, Transaction, Update
+from lancetx.commit.engine.frag_reuse import build_frag_reuse_index, merge_versions, read_versions
+from lancetx.commit.engine.operations import (
+    FRAG_REUSE_INDEX_NAME,
+    CreateIndex,
+    DataFragment,
+    Delete,
+    IndexMetadata,
+    Rewrite,
+    Transaction,
+    Update,
+)
 from lancetx.commit.errors import RetryableConflictError
 from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
 from lancetx.commit.storage.objectstore import ObjectStore
@@ -58,23 +75,27 @@ def rebase_transaction(
     the error's ``conflicts`` (``(version, operation, reason)``)."""
     uri = store.uri(base)
     names = committed_operations or {}
-    unsupported = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
-    if unsupported:
-        kinds = ", ".join(sorted({n.kind.value for n in unsupported}))
-        raise RetryableConflictError(
-            uri,
-            ours.uuid,
-            ours.operation.name,
-            ours.read_version,
-            [
-                (
-                    n.committed_version,
-                    names.get(n.committed_version, n.kind.value),
-                    f"lancetx cannot yet rebase by '{kinds}'; re-read the table and retry",
-                )
-                for n in unsupported
-            ],
-        )
+    index_merges = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
+    if index_merges:
+        unsupported = _unsupported_index_merges(ours, index_merges)
+        if unsupported:
+            kinds = ", ".join(sorted({n.kind.value for n, _ in unsupported}))
+            raise RetryableConflictError(
+                uri,
+                ours.uuid,
+                ours.operation.name,
+                ours.read_version,
+                [
+                    (
+                        n.committed_version,
+                        names.get(n.committed_version, n.kind.value),
+                        f"lancetx cannot yet rebase by '{kinds}' ({why}); re-read the table "
+                        "and retry",
+                    )
+                    for n, why in unsupported
+                ],
+            )
+        return _merge_frag_reuse_index(store, base, ours, index_merges, latest.version)
     fragment_ids = frozenset().union(*(n.fragment_ids for n in needed)) if needed else frozenset()
     op = ours.operation
     if not fragment_ids or not isinstance(op, Delete | Update):
@@ -113,6 +134,66 @@ def rebase_transaction(
             removed_fragment_ids=tuple(op.removed_fragment_ids) + emptied,
         )
     return dataclasses.replace(ours, operation=new_op, read_version=latest.version)
+
+
+def _committed_fri(needed: RebaseNeeded) -> IndexMetadata | None:
+    found = [i for i in needed.indices if i.name == FRAG_REUSE_INDEX_NAME]
+    return found[-1] if found else None
+
+
+def _unsupported_index_merges(
+    ours: Transaction, needed: Sequence[RebaseNeeded]
+) -> list[tuple[RebaseNeeded, str]]:
+    """The index merges this step cannot do, with why: only a CreateIndex that
+    writes the fragment reuse index, against committed fragment reuse indices."""
+    op = ours.operation
+    if not isinstance(op, CreateIndex) or op.frag_reuse_index is None:
+        why = (
+            "a rewrite's fragment reuse index is not committed by lancetx"
+            if isinstance(op, Rewrite)
+            else "only fragment reuse index details are merged"
+        )
+        return [(n, why) for n in needed]
+    return [
+        (n, "only fragment reuse index details are merged (not MemWAL index details)")
+        for n in needed
+        if _committed_fri(n) is None
+    ]
+
+
+def _merge_frag_reuse_index(
+    store: ObjectStore,
+    base: str,
+    ours: Transaction,
+    needed: Sequence[RebaseNeeded],
+    latest_version: int,
+) -> Transaction:
+    """Ours (a CreateIndex writing the fragment reuse index, e.g. a cleanup)
+    with every committed change to that index folded in, replacing the
+    index that is current now."""
+    op = ours.operation
+    assert isinstance(op, CreateIndex) and op.frag_reuse_index is not None
+    mine = op.frag_reuse_index
+    read_index = next((i for i in op.removed_indices if i.name == FRAG_REUSE_INDEX_NAME), None)
+    read = read_versions(store, base, read_index) if read_index is not None else []
+    versions = read_versions(store, base, mine)
+    current = read_index
+    for n in sorted(needed, key=lambda n: n.committed_version or 0):
+        committed = _committed_fri(n)
+        assert committed is not None
+        theirs = read_versions(store, base, committed)
+        versions = merge_versions(versions, read, theirs)
+        read, current = theirs, committed
+    merged = build_frag_reuse_index(
+        store, base, versions, dataset_version=latest_version, template=mine
+    )
+    new_indices = tuple(merged if i.name == FRAG_REUSE_INDEX_NAME else i for i in op.new_indices)
+    # The builder removes indices by uuid: the one to replace is the current one.
+    removed = tuple(i for i in op.removed_indices if i.name != FRAG_REUSE_INDEX_NAME)
+    if current is not None:
+        removed += (current,)
+    rebased = dataclasses.replace(op, new_indices=new_indices, removed_indices=removed)
+    return dataclasses.replace(ours, operation=rebased, read_version=latest_version)
 
 
 def _merge(
