@@ -137,7 +137,7 @@ def test_two_cleanups_merge(lake: Lake) -> None:
     lake.append(2)
     lake.compact()
     read = lake.table.latest()
-    first, second, third = lake.fri_versions(read)
+    _, second, third = lake.fri_versions(read)
     theirs = lake.cleanup(read, keep_from=third)
     ours = lake.cleanup(read, keep_from=second)
     verdict = classify(ours, theirs, committed_version=read.version + 1)
