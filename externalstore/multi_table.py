@@ -209,8 +209,8 @@ def commit_many(
     """
     handlers = _validate(commits)
     claimer = handlers[0]
-    began = time.perf_counter()
     for attempt in range(1, retry.max_attempts + 1):
+        started = time.perf_counter()
         prepared = _prepare(commits, handlers)
         claims = [p.staged for p in prepared]
         try:
@@ -228,7 +228,8 @@ def commit_many(
                 attempt,
                 lost,
             )
-            time.sleep(retry.delay(attempt, time.perf_counter() - began))
+            # A lost claim names the winner: wait a random part of one round only.
+            time.sleep(retry.delay(attempt, (time.perf_counter() - started) / 4))
             continue
         except CommitStateUnknownError:
             raise  # the claim may have landed: keep everything

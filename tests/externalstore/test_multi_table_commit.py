@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -353,3 +354,52 @@ def test_tables_in_different_dynamodb_tables_are_refused(lake: Lake, tmp_path: A
         )
     assert local in str(info.value)
     assert lake.objects() == before
+
+
+def test_a_reader_racing_the_publisher_never_sees_one_table_ahead(lake: Lake) -> None:
+    """Both tables advance together, so a reader that resolves ``orders`` and
+    then ``lines`` must never find ``lines`` behind ``orders``: that would be a
+    partial publish (one table's version visible without the other's)."""
+    orders, lines = lake.create("orders"), lake.create("lines")
+    readers = {uri: connect(uri, lake.options) for uri in (orders, lines)}
+    rounds = 3
+    txns = [
+        {orders: lake.append(orders, "o", i), lines: lake.append(lines, "l", i)}
+        for i in range(rounds)
+    ]
+    done = threading.Event()
+    seen: list[tuple[int, int]] = []
+
+    def read() -> None:
+        while not done.is_set():
+            a = readers[orders].handler.resolve_latest(readers[orders].base)
+            b = readers[lines].handler.resolve_latest(readers[lines].base)
+            assert a is not None and b is not None
+            seen.append((a.version, b.version))
+
+    def slow_writes(request: InterceptedRequest) -> InterceptedResponse | None:
+        # Hold back every claim that names the second table: a publish made of
+        # several claims would show the first table ahead meanwhile.
+        body = request.body
+        if (
+            request.service == "dynamodb"
+            and b"attribute_not_exists" in body
+            and b"lines.lance/_versions" in body
+        ):
+            time.sleep(0.2)
+        return None
+
+    lake.aws.set_interceptor(slow_writes)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for txn in txns:
+            lancetx.commit_many(txn, storage_options=lake.options)
+    finally:
+        done.set()
+        reader.join(60)
+        lake.aws.set_interceptor(None)
+
+    assert all(b >= a for a, b in seen), [p for p in seen if p[1] < p[0]][:5]
+    assert len({a for a, _ in seen}) > 1  # the reader did overlap the publishes
+    assert (lake.version(orders), lake.version(lines)) == (1 + rounds, 1 + rounds)
