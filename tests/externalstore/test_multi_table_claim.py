@@ -10,12 +10,15 @@ intended:
   the versions: none of ours landed (it is all or nothing), so the claim is
   lost, and every staged manifest is deleted;
 * refused outright (permissions): staged manifests deleted, the error kept;
-* ambiguous every time: CommitStateUnknownError, staged manifests kept.
+* ambiguous every time: CommitStateUnknownError, staged manifests kept;
+* and the DynamoDB stores (sync and async) against the embedded moto server.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,9 +26,17 @@ from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.dynamodb import (
+    DynamoDBConfig,
+    DynamoDBManifestStore,
+    create_table,
+    make_client,
+)
+from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
+    EntriesExistError,
     VersionsAlreadyExistError,
 )
 from lancetx.externalstore.memory import MemoryManifestStore
@@ -124,3 +135,36 @@ def test_a_claim_that_stays_ambiguous_is_unknown_and_keeps_everything(
 
     assert "lake/orders.lance" in str(info.value) and "lake/lines.lance" in str(info.value)
     assert len(_staged_objects(store)) == 2
+
+
+def test_dynamodb_stores_claim_all_or_nothing(aws: Any, ddb_table_name: str) -> None:
+    """Both DynamoDB stores (boto3 and aioboto3) send one TransactWriteItems:
+    a held version cancels every insert and names the holder."""
+    config = DynamoDBConfig.from_options(
+        {"dynamodb_endpoint": aws.endpoint, "aws_region": "us-east-1"}
+    )
+    create_table(make_client(config), ddb_table_name)
+    sync = DynamoDBManifestStore.from_config(ddb_table_name, config)
+
+    def entry(base: str, token: str) -> ManifestEntry:
+        return ManifestEntry(base, 2, f"{base}/_versions/2.manifest-{token}", 9, commit_token=token)
+
+    held = entry("b.lance", "theirs")
+    sync.put_if_not_exists(held)
+    with pytest.raises(EntriesExistError) as info:
+        sync.put_all_if_not_exists(
+            [entry("a.lance", "t1"), entry("b.lance", "t1")], request_token="r1"
+        )
+    assert info.value.failed == [1]
+    holder = info.value.existing[1]
+    assert holder is not None and holder.commit_token == "theirs"
+    assert sync.latest("a.lance") is None  # cancelled: nothing of the claim landed
+
+    async def claim() -> None:
+        async with AsyncDynamoDBManifestStore.open(ddb_table_name, config) as store:
+            await store.put_all_if_not_exists(
+                [entry("a.lance", "t2"), entry("c.lance", "t2")], request_token="r2"
+            )
+
+    asyncio.run(claim())
+    assert [sync.get(b, 2).commit_token for b in ("a.lance", "c.lance")] == ["t2", "t2"]
