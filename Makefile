@@ -23,7 +23,7 @@ demo: $(STAMP)
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest
 
-LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks)
+LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks tools localstack)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -45,7 +45,7 @@ pytest: $(STAMP)
 
 ## Regenerate protos/*_pb2.py and .pyi from protos/*.proto.
 protos: $(STAMP)
-	$(BIN)/python protos/regenerate.py
+	$(BIN)/python tools/regenerate_protos.py
 
 ## Re-resolve constraints.txt from the bounds in pyproject.toml.
 lock:

@@ -20,13 +20,12 @@ Query), not from listing the bucket: a legacy store's listing may be stale.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.protocol import (
     COMMITTER,
@@ -42,6 +41,10 @@ from lancetx.externalstore.protocol import (
     run,
     run_async,
 )
+
+if TYPE_CHECKING:
+    # Only the async twin uses it, and it needs the ``lancetx[async]`` extra.
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 __all__ = [
     "ONBOARD_PROBE_LIMIT",

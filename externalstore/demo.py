@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from lancetx.commit.engine.committer import Committed, Parent, commit_transaction, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
+from lancetx.commit.errors import MissingExtraError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.externalstore.connect import TableConnection, connect
@@ -114,7 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=100, help="rows per append")
     args = parser.parse_args(argv)
 
-    with EmbeddedAws(legacy_s3=True) as aws:
+    try:
+        server = EmbeddedAws(legacy_s3=True).start()
+    except MissingExtraError as missing:
+        print(f"lancetx-demo: {missing}", file=sys.stderr)
+        return 2
+    with server as aws:
         print(f"embedded S3 + DynamoDB (moto) at {aws.endpoint}; S3 ignores If-None-Match (legacy)")
         options = aws.pylance_storage_options()
         boto3.client("s3", **aws.client_kwargs()).create_bucket(Bucket=BUCKET)

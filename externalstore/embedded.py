@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from lancetx.commit.errors import MissingExtraError
+
 FAKE_ACCESS_KEY = "testing"
 FAKE_SECRET_KEY = "testing"
 DEFAULT_REGION = "us-east-1"
@@ -149,7 +151,10 @@ class EmbeddedAws:
 
     def start(self) -> EmbeddedAws:
         """Start serving; returns self. Importing moto is deferred to here so the
-        package does not need moto unless the embedded server is used."""
+        package does not need moto unless the embedded server is used. Starting a
+        started server does nothing (so ``with server.start() as aws`` is fine)."""
+        if self._server is not None:
+            return self
         try:
             from moto.moto_server.werkzeug_app import (
                 DomainDispatcherApplication,
@@ -157,10 +162,8 @@ class EmbeddedAws:
                 create_backend_app,
             )
             from werkzeug.serving import make_server
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError(
-                "the embedded AWS server needs moto: pip install 'lancetx[embedded]'"
-            ) from exc
+        except ImportError as exc:
+            raise MissingExtraError("the embedded AWS server", "embedded", exc.name) from exc
 
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc,valid-type]
             def log_request(self, *args: Any, **kwargs: Any) -> None:

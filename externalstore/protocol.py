@@ -36,7 +36,7 @@ import logging
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.listing import (
@@ -58,7 +58,6 @@ from lancetx.commit.format.naming import (
 )
 from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
-from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
@@ -78,6 +77,11 @@ from lancetx.externalstore.errors import (
     TableSchemaError,
     UntrustedManifestPathError,
 )
+
+if TYPE_CHECKING:
+    # The async object store needs aioboto3/aiohttp (the ``lancetx[async]`` extra);
+    # sync users must be able to import the protocol without them.
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,15 @@ import contextlib
 from types import TracebackType
 from typing import Any
 
-import aioboto3
-import aiohttp
-from aiobotocore.config import AioConfig
+from lancetx.commit.errors import MissingExtraError, ObjectNotFoundError
 
-from lancetx.commit.errors import ObjectNotFoundError
+try:
+    import aioboto3
+    import aiohttp
+    from aiobotocore.config import AioConfig
+except ImportError as exc:  # the sync API never imports this module
+    raise MissingExtraError("the asyncio S3 object store", "async", exc.name) from exc
+
 from lancetx.commit.storage.objectstore import ObjectMeta, StoreCapabilities
 from lancetx.commit.storage.s3store import (
     DEFAULT_PAGE_SIZE,
