@@ -211,6 +211,11 @@ class EmbeddedAws:
         return f"http://{host}:{port}"
 
     @property
+    def dynamodb_endpoint(self) -> str:
+        """The DynamoDB endpoint: the same server as S3."""
+        return self.endpoint
+
+    @property
     def legacy_s3(self) -> bool:
         """Whether S3 ignores conditional headers."""
         return self._app.legacy_s3 if self._app is not None else self._legacy_s3
@@ -227,8 +232,10 @@ class EmbeddedAws:
             raise RuntimeError("EmbeddedAws is not started")
         self._app.interceptor = interceptor
 
-    def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``boto3.client(...)`` pointing at this server."""
+    def client_kwargs(self, service: str = "s3") -> dict[str, Any]:
+        """Keyword arguments for ``boto3.client(service, ...)`` pointing at this server
+        (one endpoint serves both services; ``service`` is accepted so that callers
+        also work with setups where S3 and DynamoDB are separate servers)."""
         return {
             "endpoint_url": self.endpoint,
             "region_name": DEFAULT_REGION,

@@ -165,10 +165,10 @@ def test_missing_table_is_named_with_region_endpoint_and_remedy(
         "dynamodb:DescribeTable",
         f"table/{ddb_table_name}",
         "us-east-1",
-        aws.endpoint,
+        aws.dynamodb_endpoint,
         "create_table",
         f"create-table --table-name {ddb_table_name} ",
-        f"--region us-east-1 --endpoint-url {aws.endpoint}",
+        f"--region us-east-1 --endpoint-url {aws.dynamodb_endpoint}",
     ):
         assert needle in message, needle
 
@@ -801,7 +801,7 @@ def test_from_uri(aws: EmbeddedAws, table: str) -> None:
     store = DynamoDBManifestStore.from_uri(
         f"s3+ddb://bucket/{BASE}?ddbTableName={table}", aws.pylance_storage_options()
     )
-    assert store.table_name == table and store.target.endpoint == aws.endpoint
+    assert store.table_name == table and store.target.endpoint == aws.dynamodb_endpoint
     store.put_if_not_exists(staged(1, "t"))
 
 

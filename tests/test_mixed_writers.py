@@ -54,7 +54,7 @@ class Env:
     options: dict[str, str]
 
     def items(self, base: str) -> list[dict[str, Any]]:
-        client = boto3.client("dynamodb", **self.aws.client_kwargs())
+        client = boto3.client("dynamodb", **self.aws.client_kwargs("dynamodb"))
         return list(
             client.query(
                 TableName=self.ddb_table,
