@@ -43,6 +43,16 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+## The integration tests against LocalStack S3 + dynalite (Python >= 3.12 and npm; localstack/README.md).
+.PHONY: test-localstack
+test-localstack: $(STAMP)
+	bash localstack/run_tests.sh $(ARGS)
+
+## Rewrite docs/api.md from the public API's signatures and docstrings.
+.PHONY: api-docs
+api-docs: $(STAMP)
+	$(BIN)/python tools/api_docs.py
+
 ## Regenerate protos/*_pb2.py and .pyi from protos/*.proto.
 protos: $(STAMP)
 	$(BIN)/python tools/regenerate_protos.py

@@ -42,6 +42,14 @@ if external_backend.selected():
     external_backend.install_moto_guard()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if external_backend.selected():
+        skip = pytest.mark.skip(reason="needs the embedded server (marked embedded_only)")
+        for item in items:
+            if item.get_closest_marker("embedded_only"):
+                item.add_marker(skip)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if external_backend.selected():
         aws = external_backend.ExternalAws.from_environ()

@@ -52,6 +52,9 @@ from lancetx.externalstore.errors import (
 from lancetx.externalstore.retry import RetryPolicy
 from lancetx.externalstore.uri import canonical_base_uri
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 BASE = "db/t.lance"
 FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.01)
 

@@ -43,6 +43,9 @@ from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.memory import MemoryManifestStore
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 ROWS = 10
 
 

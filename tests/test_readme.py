@@ -8,9 +8,13 @@ from pathlib import Path
 import boto3
 import lance
 import pyarrow as pa
+import pytest
 
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
+
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
