@@ -23,7 +23,7 @@ import pytest
 from lancetx.externalstore.embedded import EmbeddedAws
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE = Path(__file__).resolve().parent / "sync_commit_probe.py"
+PROBE = Path(__file__).resolve().parent / "support" / "sync_commit_probe.py"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
 #: What a Spark/EMR/Glue image may already hold (newer than [async]'s narrow pin).
@@ -110,6 +110,27 @@ def test_wheel_ships_the_packages_license_and_type_markers_but_no_dev_scripts(
     assert f"lancetx-{VERSION}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if "regenerate" in n or n.startswith(("tests/", "tools/"))]
     assert not [n for n in names if n.startswith(("benchmarks/", "localstack/"))]
+
+
+def test_wheel_ships_every_package_of_the_source_tree(wheel: Path) -> None:
+    """pyproject.toml lists packages by hand: a new subpackage must be added there."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    folders = {
+        "lancetx": "lancetx",
+        "commit": "lancetx/commit",
+        "externalstore": "lancetx/externalstore",
+        "protos": "lancetx/protos",
+    }
+    missing = [
+        str(init.relative_to(ROOT))
+        for folder, installed in folders.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+        if f"{installed}/{init.parent.relative_to(ROOT / folder).as_posix()}/__init__.py".replace(
+            "/./", "/"
+        )
+        not in names
+    ]
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
 
 
 def test_wheel_requires_aioboto3_only_for_the_async_extra(wheel: Path) -> None:
