@@ -8,7 +8,7 @@ awaits the client calls and the sleeps those plans ask for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, TypeVar, cast
@@ -38,6 +38,7 @@ from lancetx.externalstore.dynamodb import (
     get_plan,
     latest_plan,
     list_plan,
+    put_all_if_not_exists_plan,
     put_if_exists_plan,
     put_if_not_exists_plan,
     remember_validation,
@@ -196,6 +197,11 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         self, entry: ManifestEntry, *, expected_path: str | None = None
     ) -> None:
         await self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+
+    async def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        await self._run(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
 
     async def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
         return await self._run(list_plan(self._ctx, base_uri, since))

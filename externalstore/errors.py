@@ -15,6 +15,7 @@ The tree::
     │   ├── ServiceUnavailableError      5xx / dropped connection after retries (reads, idempotent writes)
     │   ├── InvalidRequestError          DynamoDB rejected the request (ValidationException…)
     │   ├── EntryExistsError             put_if_not_exists lost: another writer holds the version
+    │   ├── EntriesExistError            put_all_if_not_exists lost: some version is held
     │   ├── EntryNotFoundError           no entry for (base_uri, version)
     │   ├── EntryMismatchError           put_if_exists refused: the entry points elsewhere
     │   └── AmbiguousWriteError          a write may or may not have landed
@@ -46,7 +47,7 @@ from botocore.exceptions import (
 )
 from urllib3.exceptions import NewConnectionError
 
-from lancetx.commit.errors import InvalidUriError, LancetxError
+from lancetx.commit.errors import CommitError, InvalidUriError, LancetxError
 from lancetx.externalstore.base import ManifestEntry
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "AmbiguousWriteError",
     "DynamoDBTarget",
     "EndpointUnreachableError",
+    "EntriesExistError",
     "EntryExistsError",
     "EntryMismatchError",
     "EntryNotFoundError",
@@ -69,8 +71,10 @@ __all__ = [
     "ServiceUnavailableError",
     "TableNotFoundError",
     "TableSchemaError",
+    "TablesNotColocatedError",
     "ThrottledError",
     "UntrustedManifestPathError",
+    "VersionsAlreadyExistError",
     "create_table_hint",
     "error_code",
     "http_status",
@@ -309,6 +313,73 @@ class EntryExistsError(ExternalStoreError):
             f"version {version} of {base_uri!r} is already claimed by another writer{holder}; "
             "load the newer version and retry the transaction on top of it",
             code=CONDITION_FAILED_CODE,
+        )
+
+
+class EntriesExistError(ExternalStoreError):
+    """``put_all_if_not_exists`` wrote nothing: at least one of the versions is
+    already claimed (DynamoDB cancelled the TransactWriteItems).
+
+    ``failed`` are the indices (in the order given) whose condition failed;
+    ``existing[i]`` is the item found there when the store returned it, else
+    None. ``ambiguous``: an earlier attempt of this request may have landed, so
+    the existing items may be ours (compare their commit tokens).
+    """
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        entries: list[ManifestEntry],
+        failed: list[int],
+        existing: list[ManifestEntry | None],
+        *,
+        ambiguous: bool = False,
+    ) -> None:
+        self.entries = entries
+        self.failed = failed
+        self.existing = existing
+        self.ambiguous = ambiguous
+        taken = ", ".join(
+            f"version {entries[i].version} of {entries[i].base_uri!r}" for i in failed
+        )
+        super().__init__(
+            action,
+            resource,
+            f"none of the {len(entries)} versions was claimed: {taken} "
+            f"{'is' if len(failed) == 1 else 'are'} already claimed by another writer; load the "
+            "newer versions and retry the transactions on top of them",
+            code="TransactionCanceledException",
+        )
+
+
+class TablesNotColocatedError(CommitError, ValueError):
+    """A multi-table commit needs every table's versions in one DynamoDB table
+    (one TransactWriteItems is the commit point). ``stores`` maps each table
+    URI to where its versions are claimed. Nothing was written."""
+
+    def __init__(self, stores: dict[str, str]) -> None:
+        self.stores = stores
+        listed = "; ".join(f"{uri!r} -> {where}" for uri, where in stores.items())
+        super().__init__(
+            "cannot commit these tables atomically: their versions are not claimed in one "
+            f"DynamoDB table ({listed}); use s3+ddb:// URIs naming the same ddbTableName, with "
+            "the same DynamoDB endpoint and region, or commit the tables one by one"
+        )
+
+
+class VersionsAlreadyExistError(CommitError):
+    """A multi-table claim lost: another writer holds at least one of the
+    versions, so none was claimed (all or nothing). ``taken`` maps each such
+    table's ``base_uri`` to ``(version, winner's manifest path or None)``."""
+
+    def __init__(self, taken: dict[str, tuple[int, str | None]]) -> None:
+        self.taken = taken
+        listed = ", ".join(f"version {v} of {uri!r}" for uri, (v, _) in sorted(taken.items()))
+        super().__init__(
+            f"none of the tables was committed: {listed} "
+            f"{'was' if len(taken) == 1 else 'were'} claimed by another writer first; load the "
+            "newer versions and commit again on top of them"
         )
 
 
