@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.handlers.probe import PROBE_OPTION
-from lancetx.commit.storage.s3store import parse_bool_option
+from lancetx.commit.storage.s3store import S3ObjectStore, parse_bool_option
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
@@ -55,6 +55,9 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
     if uri.lower().startswith("s3+ddb://"):
         parsed = parse_ddb_uri(uri)
         store, base = open_object_store(parsed.s3_uri, options, legacy=True)
+        if isinstance(store, S3ObjectStore):
+            # Messages about the table name it as the user did, not by its s3:// form.
+            store.name_table(parsed.base_key, uri)
         entries = DynamoDBManifestStore.from_config(
             parsed.table_name, DynamoDBConfig.from_options(options)
         )

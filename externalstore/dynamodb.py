@@ -44,8 +44,8 @@ from typing import Any, TypeVar, cast
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, shared_session
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
-from lancetx.commit.storage.aws_clients import shared_session
 from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
@@ -206,6 +206,8 @@ class DynamoDBConfig:
                 (environ, ("AWS_REGION", "AWS_DEFAULT_REGION")),
             ]
         )
+        if region is not None and not is_region_name(region[1]):
+            raise InvalidConfigError(region[0], region[1], NOT_A_REGION)
         ddb_creds = {
             name: _first([(opts, (f"{name}_dynamodb",)), (environ, (f"{name.upper()}_DYNAMODB",))])
             for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")

@@ -13,8 +13,15 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.commit.errors import MissingExtraError
+
+try:
+    import aioboto3
+    from aiobotocore.config import AioConfig
+except ImportError as exc:  # the sync API never imports this module
+    raise MissingExtraError("the asyncio DynamoDB store", "async", exc.name) from exc
 
 from lancetx.externalstore.base import AsyncExternalManifestStore, ManifestEntry
 from lancetx.externalstore.dynamodb import (
@@ -71,8 +78,6 @@ async def run_plan_async(
 @asynccontextmanager
 async def open_client(config: DynamoDBConfig | None = None) -> AsyncIterator[Any]:
     """An aiobotocore DynamoDB client for ``config`` (botocore retries off)."""
-    import aioboto3
-
     config = config or DynamoDBConfig.from_options()
     session = aioboto3.Session(profile_name=config.profile)
     kwargs = config.client_kwargs(session.region_name, config_class=AioConfig)

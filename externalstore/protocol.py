@@ -80,7 +80,9 @@ from lancetx.externalstore.errors import (
     VersionsAlreadyExistError,
 )
 
-if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
+if TYPE_CHECKING:
+    # The async object store needs aioboto3/aiohttp (the ``lancetx[async]`` extra);
+    # sync users must be able to import the protocol without them.
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 log = logging.getLogger(__name__)

@@ -72,7 +72,7 @@ class Lake:
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def items(self, name: str) -> dict[int, str]:
-        client = boto3.client("dynamodb", **self.aws.client_kwargs())
+        client = boto3.client("dynamodb", **self.aws.client_kwargs("dynamodb"))
         found = client.query(
             TableName=self.ddb_table,
             KeyConditionExpression="base_uri = :b",

@@ -82,7 +82,7 @@ def test_our_flip_after_pylance_flipped_is_success_on_dynamodb(
     ours = ManifestEntry(base, 7, staged, 100, committer="lancetx", commit_token=token)
     store.put_if_not_exists(ours)
 
-    raw = boto3.client("dynamodb", **aws.client_kwargs())
+    raw = boto3.client("dynamodb", **aws.client_kwargs("dynamodb"))
 
     def pylance_put_if_exists(version: int, path: str) -> None:
         raw.put_item(
