@@ -53,7 +53,6 @@ from lancetx.commit.format.manifest import (
     ManifestFile,
     check_writer_flags,
     encode_manifest,
-    read_manifest_at,
 )
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import (
@@ -132,7 +131,7 @@ def load_parent(handler: CommitHandler, base: str, version: int | None = None) -
             return None
     else:
         location = handler.resolve_version(base, version)
-    return Parent(location, read_manifest_at(handler.store, location))
+    return Parent(location, handler.read_manifest(base, location))
 
 
 def commit_transaction(
@@ -368,7 +367,7 @@ def _load_one(
     handler: CommitHandler, base: str, location: ManifestLocation
 ) -> tuple[int, Transaction, Parent]:
     try:
-        manifest = read_manifest_at(handler.store, location)
+        manifest = handler.read_manifest(base, location)
     except ObjectNotFoundError:
         raise InvalidCommitError(
             handler.store.uri(base),

@@ -13,6 +13,7 @@ import abc
 
 from lancetx.commit.errors import CommitError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import ManifestFile, read_manifest_at
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.objectstore import ObjectStore
 
@@ -76,3 +77,9 @@ class CommitHandler(abc.ABC):
         """Make ``manifest`` (already encoding ``version``) the manifest of
         ``version``, atomically. Raises VersionAlreadyExistsError if another
         writer holds ``version``; CommitStateUnknownError if that cannot be told."""
+
+    def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """The manifest at ``location`` (one this handler resolved). A handler that
+        knows where locations come from may check them and explain failures."""
+        del base
+        return read_manifest_at(self.store, location)
