@@ -396,7 +396,8 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         if options.version is not None:
             kwargs["version"] = options.version
         elif options.timestamp is not None:
-            kwargs["asof"] = _parse_timestamp(options.timestamp)
+            # pylance compares against its version timestamps, which are naive local times.
+            kwargs["asof"] = _parse_timestamp(options.timestamp).astimezone().replace(tzinfo=None)
         dataset = lance.dataset(options.uri, **kwargs)
         spark_schema = read_spark_schema(dataset.schema, options.uri)
         if options.columns is not None:
