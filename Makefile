@@ -16,14 +16,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-## The main job on the embedded default: an in-process moto server for S3 + DynamoDB.
+## The main job on the embedded default: Spark jobs and a pylance writer on one table,
+## through an in-process moto server for S3 (legacy) + DynamoDB.
 demo: $(STAMP)
-	$(BIN)/python -m lancetx.externalstore.demo
+	$(BIN)/python -m pyspark_lancetx.demo
 
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest
 
-LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks)
+LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks tools localstack)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -43,9 +44,19 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+## The integration tests against LocalStack S3 + dynalite (Python >= 3.12 and npm; localstack/README.md).
+.PHONY: test-localstack
+test-localstack: $(STAMP)
+	bash localstack/run_tests.sh $(ARGS)
+
+## Rewrite docs/api.md from the public API's signatures and docstrings.
+.PHONY: api-docs
+api-docs: $(STAMP)
+	$(BIN)/python tools/api_docs.py
+
 ## Regenerate protos/*_pb2.py and .pyi from protos/*.proto.
 protos: $(STAMP)
-	$(BIN)/python protos/regenerate.py
+	$(BIN)/python tools/regenerate_protos.py
 
 ## Re-resolve constraints.txt from the bounds in pyproject.toml.
 lock:

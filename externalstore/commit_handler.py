@@ -20,19 +20,32 @@ Query), not from listing the bucket: a legacy store's listing may be stale.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import (
+    ManifestFile,
+    check_reader_flags,
+    decode_manifest,
+    read_manifest_at,
+)
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
+from lancetx.externalstore.identity import (
+    bucket_of,
+    check_manifest,
+    explain_unreadable_steps,
+    guard_bucket,
+)
 from lancetx.externalstore.protocol import (
     COMMITTER,
     ONBOARD_PROBE_LIMIT,
     CommitOutcome,
     Steps,
+    StoreInfo,
     Table,
     commit_steps,
     list_versions_steps,
@@ -42,6 +55,14 @@ from lancetx.externalstore.protocol import (
     run,
     run_async,
 )
+from lancetx.externalstore.wedged import explain_wedge, table_uri
+
+if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
+
+if TYPE_CHECKING:
+    # Only the async twin uses it, and it needs the ``lancetx[async]`` extra.
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 __all__ = [
     "ONBOARD_PROBE_LIMIT",
@@ -55,6 +76,22 @@ T = TypeVar("T")
 def _table(base: str) -> Table:
     # Lance's convention: the external store's base_uri is the path inside the bucket.
     return Table(base_uri=base, base_key=base)
+
+
+def _dynamodb_table(entries: object) -> str | None:
+    name = getattr(entries, "table_name", None)
+    return name if isinstance(name, str) else None
+
+
+def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) -> Steps[T]:
+    """``steps`` stamping and checking the bucket of items (see :mod:`.identity`), with a
+    wedged version reported as such (see :mod:`.wedged`)."""
+    ddb_table = _dynamodb_table(entries)
+    uri = table_uri(store.uri(base), ddb_table)
+    bucket = bucket_of(store.uri(base))
+    table = _table(base)
+    guarded = guard_bucket(steps, table, bucket, dynamodb_table=ddb_table)
+    return explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
 
 
 class ExternalStoreCommitHandler(CommitHandler):
@@ -74,8 +111,8 @@ class ExternalStoreCommitHandler(CommitHandler):
         #: Outcome of the last commit (for callers that want to know about finalization).
         self.last_outcome: CommitOutcome | None = None
 
-    def _run(self, steps: Steps[T]) -> T:
-        return run(steps, self.store, self.entries)
+    def _run(self, steps: Steps[T], base: str) -> T:
+        return run(_explained(steps, base, self.store, self.entries), self.store, self.entries)
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.
@@ -85,14 +122,16 @@ class ExternalStoreCommitHandler(CommitHandler):
         hide a newer version), and recorded in the external store so that every
         later commit is claimed there. See :func:`protocol.resolve_latest_steps`.
         """
-        return self._run(resolve_latest_steps(_table(base), self.store, committer=self.committer))
+        return self._run(
+            resolve_latest_steps(_table(base), self.store, committer=self.committer), base
+        )
 
     def resolve_version(self, base: str, version: int) -> ManifestLocation:
         """``version``'s manifest, finalizing it if staged; falls back to the object store
         for versions committed before the table used the external store, and records
         them. See :func:`protocol.resolve_version_steps`."""
         return self._run(
-            resolve_version_steps(_table(base), version, self.store, committer=self.committer)
+            resolve_version_steps(_table(base), version, self.store, committer=self.committer), base
         )
 
     def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
@@ -100,21 +139,56 @@ class ExternalStoreCommitHandler(CommitHandler):
         without an entry (pre-onboarding history) come from the listing, and those
         a stale listing misses from a HEAD of their name. See
         :func:`protocol.list_versions_steps`."""
-        return self._run(list_versions_steps(_table(base), since, self.store))
+        return self._run(list_versions_steps(_table(base), since, self.store), base)
 
     def commit(
         self, base: str, version: int, manifest: bytes, scheme: NamingScheme
     ) -> ManifestLocation:
         """The four-step commit of ``version``; see :func:`protocol.commit_steps`."""
         outcome = self._run(
-            commit_steps(_table(base), version, scheme, manifest, committer=self.committer)
+            commit_steps(_table(base), version, scheme, manifest, committer=self.committer), base
         )
         self.last_outcome = outcome
         return outcome.location
 
     def _onboard(self, base: str) -> ManifestLocation | None:
         """Onboard a table without entries now (see :func:`protocol.onboard_steps`)."""
-        return self._run(onboard_steps(_table(base), self.store, committer=self.committer))
+        return self._run(onboard_steps(_table(base), self.store, committer=self.committer), base)
+
+    def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """The manifest an item points at, refusing what the item cannot vouch for.
+
+        A staged manifest gone meanwhile is finalized (or reported wedged); a
+        missing, corrupt, other-version or other-size manifest is a typed error
+        naming the item (:mod:`.identity`), or a TableCollisionError when it
+        belongs to another bucket's table. Nothing is written or deleted.
+        """
+        try:
+            manifest = read_manifest_at(self.store, location)
+        except ObjectNotFoundError as exc:
+            if location.alternate_key is None:
+                raise self._explain(base, location, exc) from exc
+            # The staged object and its final copy are both gone: finalizing settles it
+            # (someone finished meanwhile) or reports the version wedged.
+            location = self.resolve_version(base, location.version)
+            try:
+                manifest = read_manifest_at(self.store, location)
+            except (ObjectNotFoundError, ManifestFormatError) as again:
+                raise self._explain(base, location, again) from again
+        except ManifestFormatError as exc:
+            raise self._explain(base, location, exc) from exc
+        check_manifest(_table(base), location, manifest, _dynamodb_table(self.entries))
+        return manifest
+
+    def _explain(self, base: str, location: ManifestLocation, error: LancetxError) -> LancetxError:
+        steps = explain_unreadable_steps(
+            _table(base),
+            location,
+            error,
+            bucket_of(self.store.uri(base)),
+            _dynamodb_table(self.entries),
+        )
+        return self._run(steps, base)
 
 
 class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
@@ -133,35 +207,74 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         self.committer = committer
         self.last_outcome: CommitOutcome | None = None
 
-    async def _run(self, steps: Steps[T]) -> T:
-        return await run_async(steps, self.store, self.entries)
+    async def _run(self, steps: Steps[T], base: str) -> T:
+        return await run_async(
+            _explained(steps, base, self.store, self.entries), self.store, self.entries
+        )
 
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler.resolve_latest`."""
         return await self._run(
-            resolve_latest_steps(_table(base), self.store, committer=self.committer)
+            resolve_latest_steps(_table(base), self.store, committer=self.committer), base
         )
 
     async def resolve_version(self, base: str, version: int) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.resolve_version`."""
         return await self._run(
-            resolve_version_steps(_table(base), version, self.store, committer=self.committer)
+            resolve_version_steps(_table(base), version, self.store, committer=self.committer), base
         )
 
     async def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
         """See :meth:`ExternalStoreCommitHandler.list_versions`."""
-        return await self._run(list_versions_steps(_table(base), since, self.store))
+        return await self._run(list_versions_steps(_table(base), since, self.store), base)
 
     async def commit(
         self, base: str, version: int, manifest: bytes, scheme: NamingScheme
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
         outcome = await self._run(
-            commit_steps(_table(base), version, scheme, manifest, committer=self.committer)
+            commit_steps(_table(base), version, scheme, manifest, committer=self.committer), base
         )
         self.last_outcome = outcome
         return outcome.location
 
     async def _onboard(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler._onboard`."""
-        return await self._run(onboard_steps(_table(base), self.store, committer=self.committer))
+        return await self._run(
+            onboard_steps(_table(base), self.store, committer=self.committer), base
+        )
+
+    async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """See :meth:`ExternalStoreCommitHandler.read_manifest` (one GET of the whole file)."""
+        try:
+            manifest = await self._read(location.key)
+        except ObjectNotFoundError as exc:
+            if location.alternate_key is None:
+                raise await self._explain(base, location, exc) from exc
+            location = await self.resolve_version(base, location.version)
+            try:
+                manifest = await self._read(location.key)
+            except (ObjectNotFoundError, ManifestFormatError) as again:
+                raise await self._explain(base, location, again) from again
+        except ManifestFormatError as exc:
+            raise await self._explain(base, location, exc) from exc
+        check_manifest(_table(base), location, manifest, _dynamodb_table(self.entries))
+        return manifest
+
+    async def _read(self, key: str) -> ManifestFile:
+        path = self.store.uri(key)
+        manifest = decode_manifest(await self.store.get(key), path=path)
+        check_reader_flags(manifest.manifest, path)
+        return manifest
+
+    async def _explain(
+        self, base: str, location: ManifestLocation, error: LancetxError
+    ) -> LancetxError:
+        steps = explain_unreadable_steps(
+            _table(base),
+            location,
+            error,
+            bucket_of(self.store.uri(base)),
+            _dynamodb_table(self.entries),
+        )
+        return await self._run(steps, base)

@@ -14,17 +14,23 @@ Two differences from stock moto make it a faithful stand-in:
   lancetx exists for.
 
 An optional *interceptor* sees each request first and may answer it instead
-(fault injection: throttling, 5xx, timeouts).
+(fault injection: throttling, 5xx, timeouts, connection resets), before or
+after letting it reach moto.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
+import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
+
+from lancetx.commit.errors import MissingExtraError
 
 FAKE_ACCESS_KEY = "testing"
 FAKE_SECRET_KEY = "testing"
@@ -55,6 +61,12 @@ class InterceptedResponse:
     #: Let the request reach moto first, then answer with this response
     #: (a write that lands while the client sees an error: an ambiguous outcome).
     after_forwarding: bool = False
+    #: Drop the connection instead of answering (the client sees a reset), after
+    #: forwarding if ``after_forwarding``.
+    reset: bool = False
+    #: Called once the request was forwarded (or, if it is not, before answering):
+    #: e.g. kill the client after its write landed.
+    then: Callable[[], None] | None = None
 
 
 Interceptor = Callable[[InterceptedRequest], "InterceptedResponse | None"]
@@ -100,14 +112,14 @@ class _LockedApp:
             )
             pending = interceptor(request)
             if pending is not None and not pending.after_forwarding:
-                return _respond(pending, start_response)
+                return _respond(pending, start_response, environ)
         with self._lock:
-            if pending is not None:
-                # Run the real request, discard its answer, return the canned one.
-                _drain(self._app(environ, lambda *a, **k: None))
-                return _respond(pending, start_response)
-            # Materialize the body inside the lock: moto builds responses lazily.
-            return _drain(self._app(environ, start_response))
+            if pending is None:
+                # Materialize the body inside the lock: moto builds responses lazily.
+                return _drain(self._app(environ, start_response))
+            # Run the real request, discard its answer, return the canned one.
+            _drain(self._app(environ, lambda *a, **k: None))
+        return _respond(pending, start_response, environ)
 
 
 def _drain(chunks: Iterable[bytes]) -> list[bytes]:
@@ -121,7 +133,21 @@ def _drain(chunks: Iterable[bytes]) -> list[bytes]:
             close()
 
 
-def _respond(response: InterceptedResponse, start_response: Callable[..., Any]) -> list[bytes]:
+def _respond(
+    response: InterceptedResponse, start_response: Callable[..., Any], environ: dict[str, Any]
+) -> list[bytes]:
+    if response.then is not None:
+        response.then()
+    if response.reset:
+        sock = environ.get("werkzeug.socket")
+        if sock is not None:
+            # Linger 0: closing sends RST; the server treats the error as a dropped connection.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            # Now, not when the server gets round to closing: a keep-alive client would
+            # otherwise wait on the open connection for an answer that never comes.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        raise ConnectionResetError("injected: connection reset")
     reason = {400: "Bad Request", 403: "Forbidden", 500: "Internal Server Error", 503: "Slow Down"}
     status = f"{response.status} {reason.get(response.status, 'Error')}"
     headers = [*response.headers, ("Content-Length", str(len(response.body)))]
@@ -149,7 +175,10 @@ class EmbeddedAws:
 
     def start(self) -> EmbeddedAws:
         """Start serving; returns self. Importing moto is deferred to here so the
-        package does not need moto unless the embedded server is used."""
+        package does not need moto unless the embedded server is used. Starting a
+        started server does nothing (so ``with server.start() as aws`` is fine)."""
+        if self._server is not None:
+            return self
         try:
             from moto.moto_server.werkzeug_app import (
                 DomainDispatcherApplication,
@@ -157,10 +186,8 @@ class EmbeddedAws:
                 create_backend_app,
             )
             from werkzeug.serving import make_server
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError(
-                "the embedded AWS server needs moto: pip install 'lancetx[embedded]'"
-            ) from exc
+        except ImportError as exc:
+            raise MissingExtraError("the embedded AWS server", "embedded", exc.name) from exc
 
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc,valid-type]
             def log_request(self, *args: Any, **kwargs: Any) -> None:
@@ -208,6 +235,11 @@ class EmbeddedAws:
         return f"http://{host}:{port}"
 
     @property
+    def dynamodb_endpoint(self) -> str:
+        """The DynamoDB endpoint: the same server as S3."""
+        return self.endpoint
+
+    @property
     def legacy_s3(self) -> bool:
         """Whether S3 ignores conditional headers."""
         return self._app.legacy_s3 if self._app is not None else self._legacy_s3
@@ -224,8 +256,10 @@ class EmbeddedAws:
             raise RuntimeError("EmbeddedAws is not started")
         self._app.interceptor = interceptor
 
-    def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``boto3.client(...)`` pointing at this server."""
+    def client_kwargs(self, service: str = "s3") -> dict[str, Any]:
+        """Keyword arguments for ``boto3.client(service, ...)`` pointing at this server
+        (one endpoint serves both services; ``service`` is accepted so that callers
+        also work with setups where S3 and DynamoDB are separate servers)."""
         return {
             "endpoint_url": self.endpoint,
             "region_name": DEFAULT_REGION,

@@ -54,11 +54,10 @@ from lancetx.commit.engine.effects import (
     DeleteObject,
     Gather,
     GetObject,
-    GetRange,
-    GetTail,
     ListVersions,
     Names,
     PutObject,
+    ReadManifest,
     ResolveLatest,
     ResolveVersion,
     Sleep,
@@ -89,7 +88,6 @@ from lancetx.commit.errors import (
     IncompatibleConflictError,
     InvalidCommitError,
     LancetxError,
-    ManifestFormatError,
     ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
@@ -97,12 +95,8 @@ from lancetx.commit.errors import (
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import (
-    PREFETCH_SIZE,
     ManifestFile,
-    check_reader_flags,
     check_writer_flags,
-    decode_manifest,
-    decode_manifest_tail,
     encode_manifest,
 )
 from lancetx.commit.format.naming import NamingScheme, transaction_key
@@ -269,36 +263,8 @@ def load_parent_steps(names: Names, base: str, version: int | None = None) -> St
             return None
     else:
         location = yield ResolveVersion(base, version)
-    manifest = yield from read_manifest_steps(names, location)
+    manifest: ManifestFile = yield ReadManifest(base, location)
     return Parent(location, manifest)
-
-
-def read_manifest_steps(names: Names, location: ManifestLocation) -> Steps[ManifestFile]:
-    """Read and decode the manifest at ``location`` (its ``alternate_key`` when a
-    staged manifest was finalized and deleted meanwhile); one request when the
-    size is known or the file fits the prefetch."""
-    try:
-        return (yield from _read_manifest(names, location.key, location.size))
-    except ObjectNotFoundError:
-        if location.alternate_key is None:
-            raise
-        return (yield from _read_manifest(names, location.alternate_key, location.size))
-
-
-def _read_manifest(names: Names, key: str, size: int | None) -> Steps[ManifestFile]:
-    path = names.uri(key)
-    tail: tuple[bytes, int] = yield GetTail(key, max(PREFETCH_SIZE, size or 0))
-    buf, total = tail
-    decoded = decode_manifest_tail(buf, total, path=path)
-    if decoded is None:
-        head: bytes = yield GetRange(key, 0, total - len(buf))
-        if len(head) + len(buf) != total:
-            raise ManifestFormatError(
-                path, f"file changed while being read (expected {total} bytes)"
-            )
-        decoded = decode_manifest(head + buf, path=path)
-    check_reader_flags(decoded.manifest, path)
-    return decoded
 
 
 def commit_steps(
@@ -451,7 +417,7 @@ def _attempts(
             if mine is not None:
                 at = mine.manifest
                 if at is None:
-                    at = yield from read_manifest_steps(names, mine.location)
+                    at = yield ReadManifest(base, mine.location)
                 event("deduplicated", mine.version)
                 log.info(
                     "%s: transaction %s is already committed as version %d (idempotency key "
@@ -741,7 +707,7 @@ def _load_one(
         if known is not None and known.location == location:
             manifest = known.manifest
         else:
-            manifest = yield from read_manifest_steps(names, location)
+            manifest = yield ReadManifest(base, location)
     except ObjectNotFoundError:
         raise InvalidCommitError(
             uri,

@@ -18,18 +18,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit.errors import LancetxError
+from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
 if TYPE_CHECKING:
     from lancetx.commit.handlers.interface import AsyncCommitHandler
-    from lancetx.commit.storage.objectstore import ObjectStore
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 T = TypeVar("T")
 
@@ -103,6 +105,15 @@ class ListVersions:
 
 
 @dataclass(frozen=True)
+class ReadManifest:
+    """The handler's read of the manifest at ``location`` (result: ManifestFile);
+    the handler may check it against what it resolved and explain a failure."""
+
+    base: str
+    location: ManifestLocation
+
+
+@dataclass(frozen=True)
 class ClaimVersion:
     """The handler's atomic commit of ``version`` (result: ManifestLocation;
     VersionAlreadyExistsError, CommitStateUnknownError)."""
@@ -114,6 +125,17 @@ class ClaimVersion:
 
 
 # --------------------------------------------------------------------- control
+
+
+@dataclass(frozen=True)
+class WithStore:
+    """Run ``fn`` with a blocking object store (result: what ``fn`` returns).
+
+    For the few steps written against :class:`ObjectStore` directly (the
+    fragment-reuse index merge of a rebase). The async driver runs ``fn`` in a
+    thread, on a blocking view of its async store."""
+
+    fn: Callable[[ObjectStore], Any]
 
 
 @dataclass(frozen=True)
@@ -142,9 +164,11 @@ Effect = (
     | ResolveLatest
     | ResolveVersion
     | ListVersions
+    | ReadManifest
     | ClaimVersion
     | Sleep
     | Gather
+    | WithStore
 )
 Steps = Generator[Effect, Any, T]
 
@@ -241,6 +265,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return None
             case Gather(subs, limit):
                 return _gather_threads(subs, limit)
+            case WithStore(fn):
+                return fn(store)
         if handler is None:
             raise TypeError(f"{type(effect).__name__} needs a commit handler")
         match effect:
@@ -250,6 +276,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return handler.resolve_version(base, version)
             case ListVersions(base, since):
                 return handler.list_versions(base, since)
+            case ReadManifest(base, location):
+                return handler.read_manifest(base, location)
             case ClaimVersion(base, version, manifest, scheme):
                 return handler.commit(base, version, manifest, scheme)
         raise TypeError(f"unknown effect {effect!r}")
@@ -297,6 +325,7 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ResolveLatest: lambda e: handler.resolve_latest(e.base),
         ResolveVersion: lambda e: handler.resolve_version(e.base, e.version),
         ListVersions: lambda e: handler.list_versions(e.base, e.since),
+        ReadManifest: lambda e: handler.read_manifest(e.base, e.location),
         ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme),
         Sleep: lambda e: asyncio.sleep(e.seconds),
     }
@@ -313,6 +342,13 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         running, effect = _advance(steps, last)
         if not running:
             return effect  # type: ignore[no-any-return]
+        if isinstance(effect, WithStore):
+            blocking = _BlockingStore(store, asyncio.get_running_loop())
+            try:
+                last = _Outcome(await asyncio.to_thread(effect.fn, blocking))
+            except LancetxError as exc:
+                last = _Outcome(error=exc)
+            continue
         if isinstance(effect, Gather):
             gate = asyncio.Semaphore(max(1, effect.limit))
             last = _gathered(await asyncio.gather(*(one(sub, gate) for sub in effect.steps)))
@@ -321,6 +357,49 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
             last = _Outcome(await performers[type(effect)](effect))
         except LancetxError as exc:
             last = _Outcome(error=exc)
+
+
+class _BlockingStore(ObjectStore):
+    """A blocking view of an async store for code running in a worker thread:
+    each call runs on the event loop that owns the store and waits for it."""
+
+    def __init__(self, inner: AsyncObjectStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.inner = inner
+        self.loop = loop
+        self.capabilities = inner.capabilities
+
+    def _wait(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def uri(self, key: str) -> str:
+        return self.inner.uri(key)
+
+    def get(self, key: str) -> bytes:
+        return self._wait(self.inner.get(key))  # type: ignore[no-any-return]
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self._wait(self.inner.get_range(key, start, end))  # type: ignore[no-any-return]
+
+    def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        return self._wait(self.inner.get_tail(key, length))  # type: ignore[no-any-return]
+
+    def head(self, key: str) -> ObjectMeta:
+        return self._wait(self.inner.head(key))  # type: ignore[no-any-return]
+
+    def put(self, key: str, data: bytes) -> ObjectMeta:
+        return self._wait(self.inner.put(key, data))  # type: ignore[no-any-return]
+
+    def put_if_not_exists(self, key: str, data: bytes) -> ObjectMeta:
+        return self._wait(self.inner.put_if_not_exists(key, data))  # type: ignore[no-any-return]
+
+    def copy(self, src: str, dst: str) -> ObjectMeta:
+        return self._wait(self.inner.copy(src, dst))  # type: ignore[no-any-return]
+
+    def delete(self, key: str) -> None:
+        self._wait(self.inner.delete(key))
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        return iter(self._wait(self.inner.list(prefix)))
 
 
 __all__ = [
@@ -334,10 +413,12 @@ __all__ = [
     "ListVersions",
     "Names",
     "PutObject",
+    "ReadManifest",
     "ResolveLatest",
     "ResolveVersion",
     "Sleep",
     "Steps",
+    "WithStore",
     "run",
     "run_async",
     "run_store",

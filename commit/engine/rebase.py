@@ -12,8 +12,21 @@ deletion vectors, so ours is moved onto the latest version by merging vectors.
   the latest version); a fragment whose rows are now all deleted moves to the
   removed list.
 
-Singleton-index rebases (fragment-reuse and MemWAL index details) are not
-implemented: such a verdict surfaces as a retryable conflict, with that reason.
+The rebased fragment is ours' copy with the merged deletion file, so every
+change ours made to it is carried. A fragment whose data files ours (or
+theirs) changed is never merged -- the rules classify it RETRYABLE, and this
+step refuses it too -- and a rebase that would leave out a data file ours
+references is refused before anything is written.
+
+The other rebase merges the fragment reuse index (:mod:`.frag_reuse`): a
+CreateIndex writing it (a cleanup) against committed changes to it -- a
+compaction with deferred index remapping that added a version, or another
+cleanup that removed some -- gets a new index whose versions carry both
+sides' changes, replacing the index that is current now.
+
+Not implemented, and surfacing as a retryable conflict with that reason:
+merging MemWAL index details, and a Rewrite carrying its own fragment reuse
+index (lancetx does not commit those).
 """
 
 from __future__ import annotations
@@ -24,8 +37,25 @@ from collections.abc import Mapping, Sequence
 from pyroaring import BitMap
 
 from lancetx.commit.engine.conflicts import RebaseKind, RebaseNeeded
-from lancetx.commit.engine.effects import GetObject, Names, PutObject, Steps, run_store
-from lancetx.commit.engine.operations import DataFragment, Delete, Transaction, Update
+from lancetx.commit.engine.effects import (
+    GetObject,
+    Names,
+    PutObject,
+    Steps,
+    WithStore,
+    run_store,
+)
+from lancetx.commit.engine.frag_reuse import build_frag_reuse_index, merge_versions, read_versions
+from lancetx.commit.engine.operations import (
+    FRAG_REUSE_INDEX_NAME,
+    CreateIndex,
+    DataFragment,
+    Delete,
+    IndexMetadata,
+    Rewrite,
+    Transaction,
+    Update,
+)
 from lancetx.commit.errors import RetryableConflictError
 from lancetx.commit.format.deletion import (
     check_deletion_base,
@@ -70,7 +100,7 @@ def rebase_transaction(
 
 
 def rebase_steps(
-    names: Names,
+    store_names: Names,
     base: str,
     ours: Transaction,
     needed: Sequence[RebaseNeeded],
@@ -79,26 +109,34 @@ def rebase_steps(
     latest: table_pb2.Manifest,
     committed_operations: Mapping[int | None, str] | None = None,
 ) -> Steps[Transaction]:
-    """:func:`rebase_transaction` as steps (reads and writes deletion files by effects)."""
-    uri = names.uri(base)
-    operation_names = committed_operations or {}
-    unsupported = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
-    if unsupported:
-        kinds = ", ".join(sorted({n.kind.value for n in unsupported}))
-        raise RetryableConflictError(
-            uri,
-            ours.uuid,
-            ours.operation.name,
-            ours.read_version,
-            [
-                (
-                    n.committed_version,
-                    operation_names.get(n.committed_version, n.kind.value),
-                    f"lancetx cannot yet rebase by '{kinds}'; re-read the table and retry",
-                )
-                for n in unsupported
-            ],
+    """:func:`rebase_transaction` as steps: deletion files are read and written by
+    effects; the fragment-reuse merge runs on the driver's store (:class:`WithStore`)."""
+    uri = store_names.uri(base)
+    names = committed_operations or {}
+    index_merges = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
+    if index_merges:
+        unsupported = _unsupported_index_merges(ours, index_merges)
+        if unsupported:
+            kinds = ", ".join(sorted({n.kind.value for n, _ in unsupported}))
+            raise RetryableConflictError(
+                uri,
+                ours.uuid,
+                ours.operation.name,
+                ours.read_version,
+                [
+                    (
+                        n.committed_version,
+                        names.get(n.committed_version, n.kind.value),
+                        f"lancetx cannot yet rebase by '{kinds}' ({why}); re-read the table "
+                        "and retry",
+                    )
+                    for n, why in unsupported
+                ],
+            )
+        merged: Transaction = yield WithStore(
+            lambda store: _merge_frag_reuse_index(store, base, ours, index_merges, latest.version)
         )
+        return merged
     fragment_ids = frozenset().union(*(n.fragment_ids for n in needed)) if needed else frozenset()
     op = ours.operation
     if not fragment_ids or not isinstance(op, Delete | Update):
@@ -106,7 +144,7 @@ def rebase_steps(
     latest_by_id = {f.id: f for f in latest.fragments}
     try:
         updated, emptied = yield from _merge(
-            names,
+            store_names,
             base,
             op.updated_fragments,
             fragment_ids,
@@ -121,7 +159,7 @@ def rebase_steps(
             ours.uuid,
             op.name,
             ours.read_version,
-            [(v, operation_names.get(v, "Delete/Update"), overlap.reason) for v in versions],
+            [(v, names.get(v, "Delete/Update"), overlap.reason) for v in versions],
         ) from None
     new_op: Delete | Update
     if isinstance(op, Delete):
@@ -137,6 +175,66 @@ def rebase_steps(
             removed_fragment_ids=tuple(op.removed_fragment_ids) + emptied,
         )
     return dataclasses.replace(ours, operation=new_op, read_version=latest.version)
+
+
+def _committed_fri(needed: RebaseNeeded) -> IndexMetadata | None:
+    found = [i for i in needed.indices if i.name == FRAG_REUSE_INDEX_NAME]
+    return found[-1] if found else None
+
+
+def _unsupported_index_merges(
+    ours: Transaction, needed: Sequence[RebaseNeeded]
+) -> list[tuple[RebaseNeeded, str]]:
+    """The index merges this step cannot do, with why: only a CreateIndex that
+    writes the fragment reuse index, against committed fragment reuse indices."""
+    op = ours.operation
+    if not isinstance(op, CreateIndex) or op.frag_reuse_index is None:
+        why = (
+            "a rewrite's fragment reuse index is not committed by lancetx"
+            if isinstance(op, Rewrite)
+            else "only fragment reuse index details are merged"
+        )
+        return [(n, why) for n in needed]
+    return [
+        (n, "only fragment reuse index details are merged (not MemWAL index details)")
+        for n in needed
+        if _committed_fri(n) is None
+    ]
+
+
+def _merge_frag_reuse_index(
+    store: ObjectStore,
+    base: str,
+    ours: Transaction,
+    needed: Sequence[RebaseNeeded],
+    latest_version: int,
+) -> Transaction:
+    """Ours (a CreateIndex writing the fragment reuse index, e.g. a cleanup)
+    with every committed change to that index folded in, replacing the
+    index that is current now."""
+    op = ours.operation
+    assert isinstance(op, CreateIndex) and op.frag_reuse_index is not None
+    mine = op.frag_reuse_index
+    read_index = next((i for i in op.removed_indices if i.name == FRAG_REUSE_INDEX_NAME), None)
+    read = read_versions(store, base, read_index) if read_index is not None else []
+    versions = read_versions(store, base, mine)
+    current = read_index
+    for n in sorted(needed, key=lambda n: n.committed_version or 0):
+        committed = _committed_fri(n)
+        assert committed is not None
+        theirs = read_versions(store, base, committed)
+        versions = merge_versions(versions, read, theirs)
+        read, current = theirs, committed
+    merged = build_frag_reuse_index(
+        store, base, versions, dataset_version=latest_version, template=mine
+    )
+    new_indices = tuple(merged if i.name == FRAG_REUSE_INDEX_NAME else i for i in op.new_indices)
+    # The builder removes indices by uuid: the one to replace is the current one.
+    removed = tuple(i for i in op.removed_indices if i.name != FRAG_REUSE_INDEX_NAME)
+    if current is not None:
+        removed += (current,)
+    rebased = dataclasses.replace(op, new_indices=new_indices, removed_indices=removed)
+    return dataclasses.replace(ours, operation=rebased, read_version=latest_version)
 
 
 def _merge(

@@ -7,7 +7,9 @@ Versions are discovered by listing ``_versions/``.
 
 A store declared legacy (``capabilities.conditional_put`` False) is refused:
 there, two writers could both "create" the same version, so it must commit
-through an external manifest store (``lancetx.externalstore``).
+through an external manifest store (``lancetx.externalstore``). A store that
+claims conditional PUT but ignores it is caught by a probe before the first
+commit (:mod:`lancetx.commit.handlers.probe`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from lancetx.commit.handlers.interface import (
     CommitStateUnknownError,
     VersionAlreadyExistsError,
 )
+from lancetx.commit.handlers.probe import probe_conditional_put
 from lancetx.commit.storage.objectstore import ObjectStore
 
 
 class ConditionalPutCommitHandler(CommitHandler):
     """Claims a version by creating its final manifest with ``put_if_not_exists``."""
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, *, probe: bool = True) -> None:
         if not store.capabilities.conditional_put:
             raise UnsupportedOperationError(
                 "put_if_not_exists",
@@ -44,6 +47,9 @@ class ConditionalPutCommitHandler(CommitHandler):
                 "(s3+ddb://bucket/path?ddbTableName=TABLE, lancetx.externalstore)",
             )
         self.store = store
+        #: Check once per process and bucket that the store honours If-None-Match
+        #: (see :mod:`lancetx.commit.handlers.probe`) before the first commit.
+        self.probe = probe
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest manifest, by listing ``_versions/``."""
@@ -67,7 +73,10 @@ class ConditionalPutCommitHandler(CommitHandler):
     def commit(
         self, base: str, version: int, manifest: bytes, scheme: NamingScheme
     ) -> ManifestLocation:
-        """Create the final manifest of ``version`` if absent."""
+        """Create the final manifest of ``version`` if absent (after probing, once per
+        process and bucket, that the store does not ignore If-None-Match)."""
+        if self.probe:
+            probe_conditional_put(self.store, base)
         key = manifest_key(base, version, scheme)
         try:
             meta = self.store.put_if_not_exists(key, manifest)

@@ -12,8 +12,14 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
-from lancetx.commit.errors import CommitError
+from lancetx.commit.errors import CommitError, ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import (
+    ManifestFile,
+    check_reader_flags,
+    decode_manifest,
+    read_manifest_at,
+)
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.objectstore import ObjectStore
 
@@ -82,6 +88,12 @@ class CommitHandler(abc.ABC):
         ``version``, atomically. Raises VersionAlreadyExistsError if another
         writer holds ``version``; CommitStateUnknownError if that cannot be told."""
 
+    def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """The manifest at ``location`` (one this handler resolved). A handler that
+        knows where locations come from may check them and explain failures."""
+        del base
+        return read_manifest_at(self.store, location)
+
 
 class AsyncCommitHandler(abc.ABC):
     """The asyncio twin of :class:`CommitHandler`: the same four operations,
@@ -111,3 +123,18 @@ class AsyncCommitHandler(abc.ABC):
         self, base: str, version: int, manifest: bytes, scheme: NamingScheme
     ) -> ManifestLocation:
         """See :meth:`CommitHandler.commit`."""
+
+    async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+        """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file)."""
+        del base
+        try:
+            data = await self.store.get(location.key)
+            key = location.key
+        except ObjectNotFoundError:
+            if location.alternate_key is None:
+                raise
+            data = await self.store.get(location.alternate_key)
+            key = location.alternate_key
+        manifest = decode_manifest(data, path=self.store.uri(key))
+        check_reader_flags(manifest.manifest, self.store.uri(key))
+        return manifest

@@ -37,11 +37,12 @@ from lancetx.commit.engine.committer import (
     commit_transaction,
     load_parent,
 )
-from lancetx.commit.engine.operations import Append, Transaction
+from lancetx.commit.engine.operations import Append, Overwrite, Transaction
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
@@ -356,6 +357,24 @@ def lancetx_append(
         properties={"writer": "lancetx-tests"},
     )
     return commit_transaction(handler, base, txn, parent=parent, options=options or FAST_COMMIT)
+
+
+def create_transaction(
+    data_uri: str, storage_options: Mapping[str, str] | None, data: pa.Table
+) -> Transaction:
+    """An Overwrite at read version 0 creating a table of ``data`` (files written by pylance)."""
+    fragments = lance.fragment.write_fragments(
+        data, data_uri, storage_options=dict(storage_options) if storage_options else None
+    )
+    fields, metadata = arrow_schema_to_fields(data.schema)
+    return Transaction(
+        read_version=0,
+        operation=Overwrite(
+            fragments=tuple(fragment_from_pylance(f) for f in fragments),
+            schema=tuple(fields),
+            schema_metadata=metadata,
+        ),
+    )
 
 
 def pylance_append(uri: str, options: Mapping[str, str] | None, data: pa.Table) -> int:

@@ -1,0 +1,220 @@
+"""Which table an item belongs to, and why an item cannot be followed.
+
+Lance's DynamoDB key (``base_uri``) is the table's path inside its bucket,
+without the bucket: tables at ``s3://a/t.lance`` and ``s3://b/t.lance`` sharing
+one DynamoDB table share their items, and each would commit over the other's
+versions. lancetx records the bucket in every item it writes (attribute
+``bucket``, which pylance ignores) and refuses an item of another bucket with
+:class:`TableCollisionError` before anything is written. Items pylance wrote
+carry no bucket; they are checked when what they point at is missing from our
+bucket (no request is spent when it is there).
+
+* :func:`guard_bucket` wraps protocol steps: it stamps the bucket on every
+  item they write and checks every item they read.
+* :func:`explain_unreadable_steps` turns a manifest that an item points at and
+  that cannot be read (missing, corrupt, another version's, another size) into
+  a typed error naming the item — or a collision.
+
+Both only read (never delete or rewrite anything) and are protocol steps, so
+the sync and async handlers share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
+from lancetx.commit.format.listing import manifest_locations
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.storage.objectstore import ObjectMeta
+from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.errors import (
+    CorruptManifestError,
+    DanglingEntryError,
+    EntryNotFoundError,
+    ManifestSizeMismatchError,
+    ManifestVersionMismatchError,
+    TableCollisionError,
+)
+from lancetx.externalstore.protocol import (
+    ClaimEntry,
+    Effect,
+    FlipEntry,
+    GetEntry,
+    LatestEntry,
+    ListEntries,
+    ListObjects,
+    Steps,
+    Table,
+)
+
+__all__ = [
+    "bucket_of",
+    "check_manifest",
+    "explain_unreadable_steps",
+    "guard_bucket",
+    "holds_manifests",
+]
+
+T = TypeVar("T")
+
+
+def bucket_of(store_uri: str) -> str | None:
+    """The bucket of an ``s3://bucket/…`` URI (None for other stores)."""
+    if not store_uri.startswith("s3://"):
+        return None
+    return store_uri[len("s3://") :].split("/", 1)[0] or None
+
+
+def _collision(
+    table: Table, entry: ManifestEntry, bucket: str, dynamodb_table: str | None
+) -> TableCollisionError | None:
+    if entry.bucket is None or entry.bucket == bucket or entry.base_uri != table.base_uri:
+        return None
+    return TableCollisionError(
+        table.base_uri, entry.version, bucket, entry.bucket, dynamodb_table, path=entry.path
+    )
+
+
+def _read_entries(effect: Effect, result: Any) -> list[ManifestEntry]:
+    if isinstance(effect, (GetEntry, LatestEntry)) and isinstance(result, ManifestEntry):
+        return [result]
+    if isinstance(effect, ListEntries) and isinstance(result, list):
+        return [e for e in result if isinstance(e, ManifestEntry)]
+    return []
+
+
+def guard_bucket(
+    steps: Steps[T], table: Table, bucket: str | None, *, dynamodb_table: str | None = None
+) -> Steps[T]:
+    """Run ``steps`` stamping ``bucket`` on the items they write; an item of another
+    bucket read (or found in the way of a write) raises TableCollisionError.
+
+    The collision is thrown into ``steps`` as the failed effect's error, so they
+    clean up by their own rules (a claim that lost deletes its staged manifest);
+    whatever they raise then, the caller gets the collision.
+    """
+    if bucket is None:
+        return (yield from steps)
+    collision: TableCollisionError | None = None
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as stop:
+            if collision is not None:
+                raise collision from None
+            return stop.value  # type: ignore[no-any-return]
+        except LancetxError as exc:
+            if collision is not None and exc is not collision:
+                raise collision from exc
+            raise
+        if isinstance(effect, ClaimEntry):
+            effect = ClaimEntry(replace(effect.entry, bucket=bucket))
+        elif isinstance(effect, FlipEntry):
+            effect = FlipEntry(replace(effect.entry, bucket=bucket), effect.expected_path)
+        try:
+            result = yield effect
+            error = None
+        except LancetxError as exc:
+            result, error = None, exc
+            existing = getattr(exc, "existing", None)
+            if isinstance(existing, ManifestEntry):
+                collision = collision or _collision(table, existing, bucket, dynamodb_table)
+            continue
+        for entry in _read_entries(effect, result):
+            found = _collision(table, entry, bucket, dynamodb_table)
+            if found is not None:
+                collision = collision or found
+                result, error = None, found
+                break
+
+
+def holds_manifests(table: Table) -> Steps[bool]:
+    """Whether the object store holds any final manifest of ``table`` (one LIST)."""
+    prefix = table.versions_prefix()
+    listed: list[ObjectMeta] = yield ListObjects(prefix)
+    return any(True for _ in manifest_locations(prefix, listed))
+
+
+def check_manifest(
+    table: Table, location: ManifestLocation, manifest: ManifestFile, dynamodb_table: str | None
+) -> None:
+    """Refuse a manifest read through an item that records another version or size."""
+    if manifest.version != location.version:
+        raise ManifestVersionMismatchError(
+            table.base_uri,
+            location.version,
+            location.key,
+            f"the manifest there encodes version {manifest.version}, not {location.version}",
+            dynamodb_table=dynamodb_table,
+        )
+    if location.size is None:
+        raise ManifestSizeMismatchError(
+            table.base_uri,
+            location.version,
+            location.key,
+            f"the item has no size (Lance and lancetx always record it); the manifest has "
+            f"{manifest.size} bytes",
+            dynamodb_table=dynamodb_table,
+        )
+    if location.size != manifest.size:
+        raise ManifestSizeMismatchError(
+            table.base_uri,
+            location.version,
+            location.key,
+            f"the item records size {location.size}, the manifest has {manifest.size} bytes",
+            dynamodb_table=dynamodb_table,
+        )
+
+
+def explain_unreadable_steps(
+    table: Table,
+    location: ManifestLocation,
+    error: LancetxError,
+    bucket: str | None,
+    dynamodb_table: str | None,
+) -> Steps[LancetxError]:
+    """The error to raise for a manifest that ``location`` (from an item) points at and
+    that could not be read with ``error``. Reads only: the item, and (for an item
+    without a bucket whose manifest is missing) one listing of ``_versions/``."""
+    try:
+        entry: ManifestEntry | None = yield GetEntry(table.base_uri, location.version)
+    except EntryNotFoundError:
+        entry = None  # a version from the listing (before the external store): not an item
+    if entry is None:
+        return error
+    if bucket is not None:
+        collision = _collision(table, entry, bucket, dynamodb_table)
+        if collision is not None:
+            return collision
+    if isinstance(error, ObjectNotFoundError):
+        if entry.size is None and not entry.is_staged:
+            # What backfill records for a version deleted by cleanup: known to be gone.
+            return error
+        if bucket is not None and entry.bucket is None:
+            holds = yield from holds_manifests(table)
+            if not holds:
+                return TableCollisionError(
+                    table.base_uri, entry.version, bucket, None, dynamodb_table, path=entry.path
+                )
+        return DanglingEntryError(
+            table.base_uri,
+            entry.version,
+            entry.path,
+            "the manifest it points at does not exist"
+            + (f" in bucket {bucket!r}" if bucket is not None else ""),
+            dynamodb_table=dynamodb_table,
+        )
+    if isinstance(error, ManifestFormatError):
+        return CorruptManifestError(
+            table.base_uri,
+            entry.version,
+            entry.path,
+            f"the manifest it points at cannot be read ({error})",
+            dynamodb_table=dynamodb_table,
+        )
+    return error
