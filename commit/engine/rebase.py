@@ -257,6 +257,7 @@ def _merge(
         current = latest_by_id.get(fragment.id)
         if current is None:
             raise _Overlap(f"fragment {fragment.id} was removed by the committed transaction")
+        _require_only_deletions(fragment, read_fragments.get(fragment.id), current)
         before = yield from _vector(names, base, read_fragments.get(fragment.id))
         mine = yield from _vector(names, base, fragment)
         affected = mine - before
@@ -273,17 +274,76 @@ def _merge(
             continue
         plan.append((fragment, current, merged))
     updated: list[DataFragment] = []
+    to_write: list[tuple[DataFragment, BitMap]] = []
     for fragment, current, merged in plan:
         if current is None:
             updated.append(fragment)
             continue
+        # Ours' copy, not theirs: every change ours made to the fragment is kept
+        # and only the deletion vector is replaced by the merged one.
         rebased = DataFragment()
-        rebased.CopyFrom(current)
-        deletion_file, data = encode_deletion_vector(latest_version, merged)
-        yield PutObject(deletion_file_key(base, fragment.id, deletion_file), data)
-        rebased.deletion_file.CopyFrom(deletion_file)
+        rebased.CopyFrom(fragment)
         updated.append(rebased)
+        to_write.append((rebased, merged))
+    baseline = {**latest_by_id, **read_fragments}
+    _check_keeps_data_files(ours, updated, emptied, baseline)
+    for rebased, merged in to_write:
+        deletion_file, data = encode_deletion_vector(latest_version, merged)
+        yield PutObject(deletion_file_key(base, rebased.id, deletion_file), data)
+        rebased.deletion_file.CopyFrom(deletion_file)
     return tuple(updated), tuple(emptied)
+
+
+def _data_files(fragment: DataFragment) -> list[tuple[str, tuple[int, ...]]]:
+    return [(f.path, tuple(f.fields)) for f in fragment.files]
+
+
+def _require_only_deletions(
+    ours: DataFragment, read: DataFragment | None, current: DataFragment
+) -> None:
+    """Refuse to merge a fragment whose data files are not the ones both sides
+    read: the merge rewrites deletion vectors only, so any data-file change
+    (ours or theirs) would be dropped or half-applied."""
+    if read is not None and _data_files(ours) != _data_files(read):
+        added = sorted({p for p, _ in _data_files(ours)} - {p for p, _ in _data_files(read)})
+        what = f"data file(s) {', '.join(added)}" if added else "changed data files"
+        raise _Overlap(
+            f"this transaction gave fragment {ours.id} {what}; a rebase only merges "
+            "deletion vectors and would not carry them"
+        )
+    if _data_files(current) != _data_files(ours):
+        raise _Overlap(
+            f"the data files of fragment {ours.id} changed since it was read; a rebase only "
+            "merges deletion vectors"
+        )
+
+
+def _check_keeps_data_files(
+    ours: Sequence[DataFragment],
+    updated: Sequence[DataFragment],
+    emptied: Sequence[int],
+    baseline: Mapping[int, DataFragment],
+) -> None:
+    """Every data file ours references must survive the rebase: in the
+    rebased copy of its fragment, or (only if ours did not add it: it is in
+    ``baseline``, the fragment as read) in a fragment the merged deletions
+    removed entirely. Checked before any deletion file is written."""
+    by_id = {f.id: f for f in updated}
+    for fragment in ours:
+        read = baseline.get(fragment.id)
+        before = {p for p, _ in _data_files(read)} if read is not None else set()
+        rebased = by_id.get(fragment.id)
+        kept = {p for p, _ in _data_files(rebased)} if rebased is not None else set()
+        lost = [
+            p
+            for p, _ in _data_files(fragment)
+            if p not in kept and not (fragment.id in emptied and p in before)
+        ]
+        if lost:
+            raise _Overlap(
+                f"the rebase would drop data file(s) {', '.join(lost)} of fragment "
+                f"{fragment.id} that this transaction references; refusing"
+            )
 
 
 def _vector(names: Names, base: str, fragment: DataFragment | None) -> Steps[BitMap]:
