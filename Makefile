@@ -23,7 +23,7 @@ demo: $(STAMP)
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest
 
-LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks)
+LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks tools localstack)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -43,9 +43,19 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+## The integration tests against LocalStack S3 + dynalite (Python >= 3.12 and npm; localstack/README.md).
+.PHONY: test-localstack
+test-localstack: $(STAMP)
+	bash localstack/run_tests.sh $(ARGS)
+
+## Rewrite docs/api.md from the public API's signatures and docstrings.
+.PHONY: api-docs
+api-docs: $(STAMP)
+	$(BIN)/python tools/api_docs.py
+
 ## Regenerate protos/*_pb2.py and .pyi from protos/*.proto.
 protos: $(STAMP)
-	$(BIN)/python protos/regenerate.py
+	$(BIN)/python tools/regenerate_protos.py
 
 ## Re-resolve constraints.txt from the bounds in pyproject.toml.
 lock:

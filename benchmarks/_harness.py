@@ -274,7 +274,7 @@ def start_bench(aws: EmbeddedAws) -> Bench:
     suffix = uuid.uuid4().hex[:10]
     bucket, table = f"bench-{suffix}", f"bench_manifests_{suffix}"
     boto3.client("s3", **aws.client_kwargs()).create_bucket(Bucket=bucket)
-    create_table(boto3.client("dynamodb", **aws.client_kwargs()), table)
+    create_table(boto3.client("dynamodb", **aws.client_kwargs("dynamodb")), table)
     return Bench(aws, bucket, table, aws.pylance_storage_options())
 
 

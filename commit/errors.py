@@ -20,6 +20,7 @@ The tree::
     │   └── TransientObjectStoreError  5xx / throttling / connection; safe to retry
     ├── InvalidUriError              a table URI we cannot open (also a ValueError)
     ├── StorageOptionError           a storage option we cannot use (also a ValueError)
+    ├── MissingExtraError            an optional feature's packages are absent (also an ImportError)
     ├── DatasetNotFoundError
     ├── VersionNotFoundError
     └── CommitError                  (see lancetx.commit.errors for the engine's subclasses)
@@ -147,6 +148,23 @@ class StorageOptionError(LancetxError, ValueError):
     def __init__(self, problem: str) -> None:
         self.problem = problem
         super().__init__(f"invalid S3 storage options: {problem}")
+
+
+class MissingExtraError(LancetxError, ImportError):
+    """An optional feature needs packages that are not installed.
+
+    Also an ImportError, so ``except ImportError`` around an optional import still works.
+    """
+
+    def __init__(self, feature: str, extra: str, missing: str | None) -> None:
+        self.feature = feature
+        self.extra = extra
+        self.missing = missing
+        super().__init__(
+            f"{feature} needs {missing or 'packages'} that are not installed: "
+            f"pip install 'lancetx[{extra}]'",
+            name=missing,
+        )
 
 
 # ------------------------------------------------------------------------ datasets

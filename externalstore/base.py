@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lancetx.commit.errors import UnsupportedOperationError
 from lancetx.commit.format.naming import MANIFEST_SUFFIX
 
 __all__ = [
@@ -144,6 +146,26 @@ class ExternalManifestStore(abc.ABC):
         when the outcome cannot be told.
         """
 
+    def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        """Claim every entry's version at once, all or nothing (a multi-table commit).
+
+        Each entry is inserted only if no entry exists for its key, and either
+        every insert happens or none does. ``request_token`` identifies this
+        request across retries (DynamoDB's ``ClientRequestToken``), so a retry
+        of a request that landed is recognised. Raises ``EntriesExistError``
+        when a version is held, ``AmbiguousWriteError`` when the outcome
+        cannot be told, and ``UnsupportedOperationError`` for a store that
+        cannot write several entries atomically.
+        """
+        raise UnsupportedOperationError(
+            "put_all_if_not_exists",
+            type(self).__name__,
+            "this external store cannot claim several versions atomically; use a DynamoDB "
+            "manifest store (s3+ddb://) for a multi-table commit",
+        )
+
     @abc.abstractmethod
     def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
         """Replace an existing entry (the pointer flip from staged to final path).
@@ -178,6 +200,17 @@ class AsyncExternalManifestStore(abc.ABC):
     @abc.abstractmethod
     async def put_if_not_exists(self, entry: ManifestEntry) -> None:
         """See :meth:`ExternalManifestStore.put_if_not_exists`."""
+
+    async def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        """See :meth:`ExternalManifestStore.put_all_if_not_exists`."""
+        raise UnsupportedOperationError(
+            "put_all_if_not_exists",
+            type(self).__name__,
+            "this external store cannot claim several versions atomically; use a DynamoDB "
+            "manifest store (s3+ddb://) for a multi-table commit",
+        )
 
     @abc.abstractmethod
     async def put_if_exists(

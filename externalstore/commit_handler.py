@@ -20,7 +20,7 @@ Query), not from listing the bucket: a legacy store's listing may be stale.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
@@ -33,7 +33,6 @@ from lancetx.commit.format.manifest import (
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.identity import (
     bucket_of,
@@ -57,6 +56,13 @@ from lancetx.externalstore.protocol import (
     run_async,
 )
 from lancetx.externalstore.wedged import explain_wedge, table_uri
+
+if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
+
+if TYPE_CHECKING:
+    # Only the async twin uses it, and it needs the ``lancetx[async]`` extra.
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 __all__ = [
     "ONBOARD_PROBE_LIMIT",

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.handlers.probe import PROBE_OPTION
-from lancetx.commit.storage.s3store import parse_bool_option
+from lancetx.commit.storage.s3store import S3ObjectStore, parse_bool_option
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.moved import check_not_moved
 from lancetx.externalstore.uri import parse_ddb_uri
 
 
@@ -48,14 +49,20 @@ class TableConnection:
 def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> TableConnection:
     """The handler, base key and data URI for ``uri``. Raises InvalidUriError,
     the DynamoDB validation errors (missing table, wrong key schema), or
-    UnsupportedOperationError for a legacy ``s3://`` store."""
+    UnsupportedOperationError for a legacy ``s3://`` store, or TableMovedError for an
+    ``s3+ddb://`` table migrated to conditional PUT."""
     options = dict(storage_options or {})
     if uri.lower().startswith("s3+ddb://"):
         parsed = parse_ddb_uri(uri)
         store, base = open_object_store(parsed.s3_uri, options, legacy=True)
+        if isinstance(store, S3ObjectStore):
+            # Messages about the table name it as the user did, not by its s3:// form.
+            store.name_table(parsed.base_key, uri)
         entries = DynamoDBManifestStore.from_config(
             parsed.table_name, DynamoDBConfig.from_options(options)
         )
+        # One GetItem: a table migrated to conditional PUT must not take s3+ddb:// commits.
+        check_not_moved(entries, parsed.base_key, parsed.table_name)
         handler: CommitHandler = ExternalStoreCommitHandler(store, entries)
         return TableConnection(uri, handler, parsed.base_key, parsed.s3_uri, options)
     store, base = open_object_store(uri, options)

@@ -12,15 +12,20 @@ for — then:
    that every acknowledged append is there;
 4. prints the versions as lancetx's own reader sees them.
 
-Run ``python -m lancetx.externalstore.demo --help`` for the knobs.
+``--external`` runs the same workload on the S3 and DynamoDB that the
+environment points at (e.g. LocalStack + dynalite, see ``localstack/``),
+configured by environment variables alone. Run
+``python -m lancetx.externalstore.demo --help`` for the knobs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,10 +35,12 @@ import pyarrow as pa
 
 from lancetx.commit.engine.committer import Committed, Parent, commit_transaction, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
+from lancetx.commit.errors import MissingExtraError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import create_table
+from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table
+from lancetx.externalstore.dynamodb import make_client as make_ddb_client
 from lancetx.externalstore.embedded import EmbeddedAws
 
 BUCKET = "lancetx-demo"
@@ -112,75 +119,109 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--appends", type=int, default=5, help="appends per writer")
     parser.add_argument("--rows", type=int, default=100, help="rows per append")
+    parser.add_argument(
+        "--external",
+        action="store_true",
+        help="use the S3 and DynamoDB the environment points at (AWS_ENDPOINT_URL_S3, "
+        "DYNAMODB_ENDPOINT, AWS_ALLOW_HTTP, credentials) instead of the embedded server",
+    )
+    parser.add_argument("--bucket", default=BUCKET, help="bucket (created if absent)")
+    parser.add_argument("--ddb-table", default=DDB_TABLE, help="DynamoDB table (created if absent)")
     args = parser.parse_args(argv)
 
-    with EmbeddedAws(legacy_s3=True) as aws:
+    if args.external:
+        return _external(args)
+    try:
+        server = EmbeddedAws(legacy_s3=True).start()
+    except MissingExtraError as missing:
+        print(f"lancetx-demo: {missing}", file=sys.stderr)
+        return 2
+    with server as aws:
         print(f"embedded S3 + DynamoDB (moto) at {aws.endpoint}; S3 ignores If-None-Match (legacy)")
-        options = aws.pylance_storage_options()
-        boto3.client("s3", **aws.client_kwargs()).create_bucket(Bucket=BUCKET)
-        create_table(boto3.client("dynamodb", **aws.client_kwargs()), DDB_TABLE)
-        uri = f"s3+ddb://{BUCKET}/events.lance?ddbTableName={DDB_TABLE}"
-        print(f"table {uri}")
+        boto3.client("s3", **aws.client_kwargs()).create_bucket(Bucket=args.bucket)
+        create_table(boto3.client("dynamodb", **aws.client_kwargs("dynamodb")), args.ddb_table)
+        uri = f"s3+ddb://{args.bucket}/events.lance?ddbTableName={args.ddb_table}"
+        return workload(uri, aws.pylance_storage_options(), args)
 
-        lance.write_dataset(batch("setup", 0, args.rows), uri, storage_options=options)
-        tally = Tally()
-        tally.add("setup", args.rows)
-        conn = connect(uri, options)
 
-        threads = [
-            threading.Thread(
-                target=lancetx_writer, args=(conn, f"lancetx-{i}", args.appends, args.rows, tally)
-            )
-            for i in range(args.lancetx_writers)
-        ] + [
-            threading.Thread(
-                target=pylance_writer,
-                args=(uri, options, f"pylance-{i}", args.appends, args.rows, tally),
-            )
-            for i in range(args.pylance_writers)
-        ]
-        started = time.perf_counter()
-        errors: list[BaseException] = []
+def _external(args: argparse.Namespace) -> int:
+    """Set up on the servers the environment names; every setting comes from it."""
+    ddb_config = DynamoDBConfig.from_options({})
+    s3 = boto3.client("s3")
+    print(
+        f"S3 at {s3.meta.endpoint_url}, DynamoDB at {ddb_config.endpoint_url or 'AWS'} "
+        "(from the environment)"
+    )
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=args.bucket)
+    create_table(make_ddb_client(ddb_config), args.ddb_table)
+    # A fresh table each run, so the history check sees only this run's commits.
+    uri = (
+        f"s3+ddb://{args.bucket}/events-{uuid.uuid4().hex[:8]}.lance?ddbTableName={args.ddb_table}"
+    )
+    return workload(uri, {}, args)
 
-        def guarded(thread: threading.Thread) -> None:
-            try:
-                thread.run()
-            except BaseException as exc:  # report every writer's failure, not just the first
-                errors.append(exc)
 
-        runners = [threading.Thread(target=guarded, args=(t,)) for t in threads]
-        for runner in runners:
-            runner.start()
-        for runner in runners:
-            runner.join()
-        elapsed = time.perf_counter() - started
-        if errors:
-            for exc in errors:
-                print(f"writer failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
+def workload(uri: str, options: dict[str, str], args: argparse.Namespace) -> int:
+    """Concurrent lancetx and pylance appends to the new table ``uri``, then the checks."""
+    print(f"table {uri}")
+    lance.write_dataset(batch("setup", 0, args.rows), uri, storage_options=options)
+    tally = Tally()
+    tally.add("setup", args.rows)
+    conn = connect(uri, options)
 
-        commits = sum(tally.commits.values())
-        print(f"{commits} commits from {len(threads) + 1} writers in {elapsed:.2f}s")
-        ds = lance.dataset(uri, storage_options=options)
-        versions = [v["version"] for v in ds.versions()]
-        expected_rows = sum(tally.rows.values())
-        linear = versions == list(range(1, commits + 1))
-        complete = ds.count_rows() == expected_rows
-        print(
-            f"pylance sees versions 1..{max(versions)}: {'linear, no gap' if linear else versions}"
+    threads = [
+        threading.Thread(
+            target=lancetx_writer, args=(conn, f"lancetx-{i}", args.appends, args.rows, tally)
         )
-        print(
-            f"pylance counts {ds.count_rows()} rows; acknowledged {expected_rows}: {'all present' if complete else 'LOST ROWS'}"
+        for i in range(args.lancetx_writers)
+    ] + [
+        threading.Thread(
+            target=pylance_writer,
+            args=(uri, options, f"pylance-{i}", args.appends, args.rows, tally),
         )
+        for i in range(args.pylance_writers)
+    ]
+    started = time.perf_counter()
+    errors: list[BaseException] = []
 
-        print("\nversion  operation  committed by  rows")
-        for location in conn.handler.list_versions(conn.base, 0):
-            snap = load_snapshot(conn.handler.store, conn.base, location)
-            txn = snap.transaction()
-            op = txn.WhichOneof("operation") if txn is not None else "?"
-            writer = snap.manifest.writer_version.library
-            print(f"{snap.version:>7}  {op:<9}  {writer:<12}  {snap.num_rows}")
-        return 0 if linear and complete else 1
+    def guarded(thread: threading.Thread) -> None:
+        try:
+            thread.run()
+        except BaseException as exc:  # report every writer's failure, not just the first
+            errors.append(exc)
+
+    runners = [threading.Thread(target=guarded, args=(t,)) for t in threads]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        for exc in errors:
+            print(f"writer failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+    commits = sum(tally.commits.values())
+    print(f"{commits} commits from {len(threads) + 1} writers in {elapsed:.2f}s")
+    ds = lance.dataset(uri, storage_options=options)
+    versions = [v["version"] for v in ds.versions()]
+    expected_rows = sum(tally.rows.values())
+    linear = versions == list(range(1, commits + 1))
+    complete = ds.count_rows() == expected_rows
+    print(f"pylance sees versions 1..{max(versions)}: {'linear, no gap' if linear else versions}")
+    print(
+        f"pylance counts {ds.count_rows()} rows; acknowledged {expected_rows}: {'all present' if complete else 'LOST ROWS'}"
+    )
+
+    print("\nversion  operation  committed by  rows")
+    for location in conn.handler.list_versions(conn.base, 0):
+        snap = load_snapshot(conn.handler.store, conn.base, location)
+        txn = snap.transaction()
+        op = txn.WhichOneof("operation") if txn is not None else "?"
+        writer = snap.manifest.writer_version.library
+        print(f"{snap.version:>7}  {op:<9}  {writer:<12}  {snap.num_rows}")
+    return 0 if linear and complete else 1
 
 
 if __name__ == "__main__":

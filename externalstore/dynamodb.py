@@ -37,15 +37,15 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, shared_session
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
-from lancetx.commit.storage.aws_clients import shared_session
 from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
@@ -56,6 +56,7 @@ from lancetx.externalstore.base import (
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
     DynamoDBTarget,
+    EntriesExistError,
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
@@ -64,6 +65,7 @@ from lancetx.externalstore.errors import (
     MalformedEntryError,
     TableNotFoundError,
     TableSchemaError,
+    error_code,
     translate_error,
 )
 from lancetx.externalstore.retry import (
@@ -80,6 +82,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_COMMITTER",
     "DEFAULT_REGION",
+    "MAX_TRANSACT_ITEMS",
     "ApiCall",
     "DynamoDBConfig",
     "DynamoDBManifestStore",
@@ -92,6 +95,7 @@ __all__ = [
     "entry_from_item",
     "item_from_entry",
     "make_client",
+    "put_all_if_not_exists_plan",
     "run_plan",
 ]
 
@@ -202,6 +206,8 @@ class DynamoDBConfig:
                 (environ, ("AWS_REGION", "AWS_DEFAULT_REGION")),
             ]
         )
+        if region is not None and not is_region_name(region[1]):
+            raise InvalidConfigError(region[0], region[1], NOT_A_REGION)
         ddb_creds = {
             name: _first([(opts, (f"{name}_dynamodb",)), (environ, (f"{name.upper()}_DYNAMODB",))])
             for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
@@ -329,6 +335,7 @@ METHODS = {
     "PutItem": "put_item",
     "Query": "query",
     "DeleteItem": "delete_item",
+    "TransactWriteItems": "transact_write_items",
 }
 
 
@@ -633,6 +640,102 @@ def put_if_not_exists_plan(ctx: PlanContext, entry: ManifestEntry) -> Plan[None]
     raise EntryExistsError(action, resource, entry.base_uri, entry.version, existing)
 
 
+#: DynamoDB's limit on the items of one TransactWriteItems.
+MAX_TRANSACT_ITEMS = 100
+
+#: Cancellation reasons that mean "rejected, not applied, try again" (another
+#: transaction held an item, or throttling).
+_TRANSIENT_CANCELLATIONS = frozenset(
+    {
+        "TransactionConflict",
+        "ThrottlingError",
+        "ProvisionedThroughputExceeded",
+        "RequestLimitExceeded",
+    }
+)
+
+
+def put_all_if_not_exists_plan(
+    ctx: PlanContext, entries: list[ManifestEntry], request_token: str
+) -> Plan[None]:
+    """One TransactWriteItems of conditional Puts (Lance's claim condition on
+    every item): all versions claimed or none; see
+    ExternalManifestStore.put_all_if_not_exists.
+
+    ``ClientRequestToken`` makes a retry of a request that landed succeed on
+    DynamoDB (for ten minutes); a service that ignores it (older emulators)
+    answers the retry with condition failures whose items carry our commit
+    tokens, which the caller recognises.
+    """
+    if not entries:
+        return None
+    if len(entries) > MAX_TRANSACT_ITEMS:
+        raise ValueError(
+            f"{len(entries)} versions in one claim; DynamoDB allows {MAX_TRANSACT_ITEMS} items "
+            "per TransactWriteItems"
+        )
+    params = {
+        "TransactItems": [
+            {
+                "Put": {
+                    "TableName": ctx.table,
+                    "Item": item_from_entry(entry, ctx.committer),
+                    "ConditionExpression": PUT_IF_NOT_EXISTS_CONDITION,
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            }
+            for entry in entries
+        ],
+        "ClientRequestToken": request_token,
+    }
+    action, resource = "dynamodb:TransactWriteItems", ctx.target.resource
+    attempts = Attempts(ctx.retry, ctx.rng)
+    while True:
+        try:
+            yield ApiCall("TransactWriteItems", params)
+            return None
+        except (ClientError, BotoCoreError) as exc:
+            kind = classify(exc)
+            if isinstance(exc, ClientError) and error_code(exc) == "TransactionCanceledException":
+                reasons = list(exc.response.get("CancellationReasons") or [])  # type: ignore[typeddict-item]
+                codes = [str(r.get("Code") or "") for r in reasons]
+                failed = [i for i, code in enumerate(codes) if code == "ConditionalCheckFailed"]
+                if failed:
+                    attempts.succeeded()
+                    existing = [
+                        entry_from_item(r["Item"], ctx.target, "TransactWriteItems")
+                        if i in failed and r.get("Item")
+                        else None
+                        for i, r in enumerate(reasons)
+                    ]
+                    existing += [None] * (len(entries) - len(existing))
+                    raise EntriesExistError(
+                        action,
+                        resource,
+                        list(entries),
+                        failed,
+                        existing,
+                        ambiguous=attempts.ambiguous,
+                    ) from exc
+                transient = any(code in _TRANSIENT_CANCELLATIONS for code in codes)
+                kind = ErrorKind.THROTTLED if transient else ErrorKind.FATAL
+            delay = attempts.record(kind, write=True)
+            if delay is None:
+                if attempts.ambiguous:
+                    raise AmbiguousWriteError(
+                        action,
+                        resource,
+                        entries[0],
+                        f"the TransactWriteItems claiming {len(entries)} versions (request token "
+                        f"{request_token}) may have landed: {attempts.count} attempt(s), last "
+                        f"{exc}",
+                    ) from exc
+                raise translate_error(
+                    exc, ctx.target, "TransactWriteItems", attempts=attempts.count
+                ) from exc
+            yield Sleep(delay)
+
+
 def put_if_exists_plan(
     ctx: PlanContext, entry: ManifestEntry, expected_path: str | None
 ) -> Plan[None]:
@@ -823,6 +926,10 @@ def create_table(
     """
     ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
+    if info.status == "ACTIVE":  # it may be another lancetx's table: same check as opening
+        from lancetx.externalstore.store_schema import check_stamp
+
+        check_stamp(client, name)
     remember_validation(ctx.target, info)
     return info
 
@@ -898,6 +1005,9 @@ class DynamoDBManifestStore(ExternalManifestStore):
         info = cached_validation(self._ctx.target)
         if info is None:
             info = self._run(validate_plan(self._ctx))
+            from lancetx.externalstore.store_schema import check_stamp
+
+            check_stamp(self.client, self.table_name)  # a newer lancetx's layout: refuse
             remember_validation(self._ctx.target, info)
         self.table_info = info
         if info.arn:
@@ -915,6 +1025,14 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
     def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
         self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+
+    def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        """All versions claimed in one TransactWriteItems, or none
+        (``dynamodb:TransactWriteItems`` must be allowed; it needs ``dynamodb:PutItem``
+        on the table as well)."""
+        self._run(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
 
     def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
         return self._run(list_plan(self._ctx, base_uri, since))

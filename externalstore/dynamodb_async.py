@@ -8,13 +8,20 @@ awaits the client calls and the sleeps those plans ask for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.commit.errors import MissingExtraError
+
+try:
+    import aioboto3
+    from aiobotocore.config import AioConfig
+except ImportError as exc:  # the sync API never imports this module
+    raise MissingExtraError("the asyncio DynamoDB store", "async", exc.name) from exc
 
 from lancetx.externalstore.base import AsyncExternalManifestStore, ManifestEntry
 from lancetx.externalstore.dynamodb import (
@@ -31,6 +38,7 @@ from lancetx.externalstore.dynamodb import (
     get_plan,
     latest_plan,
     list_plan,
+    put_all_if_not_exists_plan,
     put_if_exists_plan,
     put_if_not_exists_plan,
     remember_validation,
@@ -70,8 +78,6 @@ async def run_plan_async(
 @asynccontextmanager
 async def open_client(config: DynamoDBConfig | None = None) -> AsyncIterator[Any]:
     """An aiobotocore DynamoDB client for ``config`` (botocore retries off)."""
-    import aioboto3
-
     config = config or DynamoDBConfig.from_options()
     session = aioboto3.Session(profile_name=config.profile)
     kwargs = config.client_kwargs(session.region_name, config_class=AioConfig)
@@ -172,6 +178,9 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         info = cached_validation(self._ctx.target)
         if info is None:
             info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)
+            from lancetx.externalstore.store_schema import check_stamp_async
+
+            await check_stamp_async(self.client, self._ctx.table)  # a newer layout: refuse
             remember_validation(self._ctx.target, info)
         self.table_info = info
         if info.arn:
@@ -191,6 +200,11 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         self, entry: ManifestEntry, *, expected_path: str | None = None
     ) -> None:
         await self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+
+    async def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        await self._run(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
 
     async def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
         return await self._run(list_plan(self._ctx, base_uri, since))

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from lancetx.commit.errors import MissingExtraError
+
 FAKE_ACCESS_KEY = "testing"
 FAKE_SECRET_KEY = "testing"
 DEFAULT_REGION = "us-east-1"
@@ -173,7 +175,10 @@ class EmbeddedAws:
 
     def start(self) -> EmbeddedAws:
         """Start serving; returns self. Importing moto is deferred to here so the
-        package does not need moto unless the embedded server is used."""
+        package does not need moto unless the embedded server is used. Starting a
+        started server does nothing (so ``with server.start() as aws`` is fine)."""
+        if self._server is not None:
+            return self
         try:
             from moto.moto_server.werkzeug_app import (
                 DomainDispatcherApplication,
@@ -181,10 +186,8 @@ class EmbeddedAws:
                 create_backend_app,
             )
             from werkzeug.serving import make_server
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError(
-                "the embedded AWS server needs moto: pip install 'lancetx[embedded]'"
-            ) from exc
+        except ImportError as exc:
+            raise MissingExtraError("the embedded AWS server", "embedded", exc.name) from exc
 
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc,valid-type]
             def log_request(self, *args: Any, **kwargs: Any) -> None:
@@ -232,6 +235,11 @@ class EmbeddedAws:
         return f"http://{host}:{port}"
 
     @property
+    def dynamodb_endpoint(self) -> str:
+        """The DynamoDB endpoint: the same server as S3."""
+        return self.endpoint
+
+    @property
     def legacy_s3(self) -> bool:
         """Whether S3 ignores conditional headers."""
         return self._app.legacy_s3 if self._app is not None else self._legacy_s3
@@ -248,8 +256,10 @@ class EmbeddedAws:
             raise RuntimeError("EmbeddedAws is not started")
         self._app.interceptor = interceptor
 
-    def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``boto3.client(...)`` pointing at this server."""
+    def client_kwargs(self, service: str = "s3") -> dict[str, Any]:
+        """Keyword arguments for ``boto3.client(service, ...)`` pointing at this server
+        (one endpoint serves both services; ``service`` is accepted so that callers
+        also work with setups where S3 and DynamoDB are separate servers)."""
         return {
             "endpoint_url": self.endpoint,
             "region_name": DEFAULT_REGION,

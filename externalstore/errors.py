@@ -15,6 +15,7 @@ The tree::
     │   ├── ServiceUnavailableError      5xx / dropped connection after retries (reads, idempotent writes)
     │   ├── InvalidRequestError          DynamoDB rejected the request (ValidationException…)
     │   ├── EntryExistsError             put_if_not_exists lost: another writer holds the version
+    │   ├── EntriesExistError            put_all_if_not_exists lost: some version is held
     │   ├── EntryNotFoundError           no entry for (base_uri, version)
     │   ├── EntryMismatchError           put_if_exists refused: the entry points elsewhere
     │   └── AmbiguousWriteError          a write may or may not have landed
@@ -46,7 +47,7 @@ from botocore.exceptions import (
 )
 from urllib3.exceptions import NewConnectionError
 
-from lancetx.commit.errors import InvalidUriError, LancetxError
+from lancetx.commit.errors import CommitError, InvalidUriError, LancetxError
 from lancetx.externalstore.base import ManifestEntry
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "DanglingEntryError",
     "DynamoDBTarget",
     "EndpointUnreachableError",
+    "EntriesExistError",
     "EntryExistsError",
     "EntryMismatchError",
     "EntryNotFoundError",
@@ -76,8 +78,10 @@ __all__ = [
     "TableCollisionError",
     "TableNotFoundError",
     "TableSchemaError",
+    "TablesNotColocatedError",
     "ThrottledError",
     "UntrustedManifestPathError",
+    "VersionsAlreadyExistError",
     "WedgedVersionError",
     "create_table_hint",
     "error_code",
@@ -150,8 +154,12 @@ def create_table_hint(table: str, region: str | None = None, endpoint: str | Non
     where = (f" --region {region}" if region else "") + (
         f" --endpoint-url {endpoint}" if endpoint else ""
     )
+    options = (f" -o dynamodb_region={region}" if region else "") + (
+        f" -o dynamodb_endpoint={endpoint}" if endpoint else ""
+    )
     return (
-        f"create it with lancetx.externalstore.dynamodb.create_table(client, {table!r}) or "
+        f"create it with `lancetx-sync create-table {table}{options}` (then `lancetx-sync doctor` "
+        f"checks the setup), lancetx.externalstore.dynamodb.create_table(client, {table!r}) or "
         f"`aws dynamodb create-table --table-name {table} "
         "--attribute-definitions AttributeName=base_uri,AttributeType=S "
         "AttributeName=version,AttributeType=N "
@@ -318,6 +326,73 @@ class EntryExistsError(ExternalStoreError):
             f"version {version} of {base_uri!r} is already claimed by another writer{holder}; "
             "load the newer version and retry the transaction on top of it",
             code=CONDITION_FAILED_CODE,
+        )
+
+
+class EntriesExistError(ExternalStoreError):
+    """``put_all_if_not_exists`` wrote nothing: at least one of the versions is
+    already claimed (DynamoDB cancelled the TransactWriteItems).
+
+    ``failed`` are the indices (in the order given) whose condition failed;
+    ``existing[i]`` is the item found there when the store returned it, else
+    None. ``ambiguous``: an earlier attempt of this request may have landed, so
+    the existing items may be ours (compare their commit tokens).
+    """
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        entries: list[ManifestEntry],
+        failed: list[int],
+        existing: list[ManifestEntry | None],
+        *,
+        ambiguous: bool = False,
+    ) -> None:
+        self.entries = entries
+        self.failed = failed
+        self.existing = existing
+        self.ambiguous = ambiguous
+        taken = ", ".join(
+            f"version {entries[i].version} of {entries[i].base_uri!r}" for i in failed
+        )
+        super().__init__(
+            action,
+            resource,
+            f"none of the {len(entries)} versions was claimed: {taken} "
+            f"{'is' if len(failed) == 1 else 'are'} already claimed by another writer; load the "
+            "newer versions and retry the transactions on top of them",
+            code="TransactionCanceledException",
+        )
+
+
+class TablesNotColocatedError(CommitError, ValueError):
+    """A multi-table commit needs every table's versions in one DynamoDB table
+    (one TransactWriteItems is the commit point). ``stores`` maps each table
+    URI to where its versions are claimed. Nothing was written."""
+
+    def __init__(self, stores: dict[str, str]) -> None:
+        self.stores = stores
+        listed = "; ".join(f"{uri!r} -> {where}" for uri, where in stores.items())
+        super().__init__(
+            "cannot commit these tables atomically: their versions are not claimed in one "
+            f"DynamoDB table ({listed}); use s3+ddb:// URIs naming the same ddbTableName, with "
+            "the same DynamoDB endpoint and region, or commit the tables one by one"
+        )
+
+
+class VersionsAlreadyExistError(CommitError):
+    """A multi-table claim lost: another writer holds at least one of the
+    versions, so none was claimed (all or nothing). ``taken`` maps each such
+    table's ``base_uri`` to ``(version, winner's manifest path or None)``."""
+
+    def __init__(self, taken: dict[str, tuple[int, str | None]]) -> None:
+        self.taken = taken
+        listed = ", ".join(f"version {v} of {uri!r}" for uri, (v, _) in sorted(taken.items()))
+        super().__init__(
+            f"none of the tables was committed: {listed} "
+            f"{'was' if len(taken) == 1 else 'were'} claimed by another writer first; load the "
+            "newer versions and commit again on top of them"
         )
 
 
@@ -513,7 +588,10 @@ class UntrustedManifestPathError(ManifestPointerError):
             f"refusing to follow the external-store entry for version {version} of {base_uri!r}: "
             f"its path {path!r} is not a manifest of version {version} under {expected_prefix!r}. "
             "The entry was written by something other than Lance/lancetx or for another table; "
-            "inspect the item in the DynamoDB table and repair or delete it"
+            "`lancetx-sync verify 's3+ddb://<bucket>/"
+            f"{base_uri}?ddbTableName=<table>'` reports it, and `lancetx-sync repair "
+            f"'s3+ddb://<bucket>/{base_uri}?ddbTableName=<table>' --version {version} --force` "
+            "removes the item (newest version only; it is saved to a file first)"
         )
 
 
@@ -529,8 +607,10 @@ class ManifestMissingError(ManifestPointerError):
             f"version {version} of {base_uri!r} is committed in the external store but neither its "
             f"staged manifest {staged!r} nor its final manifest {final!r} exists; refusing to load. "
             "Restore the object from a backup or bucket versioning (copy it to the final name), "
-            "or, after checking no data depends on it, delete the item of this version from "
-            "the DynamoDB table"
+            "or run `lancetx-sync repair "
+            f"'s3+ddb://<bucket>/{base_uri}?ddbTableName=<table>' --version {version}`: it "
+            "rebuilds the version from its transaction file, or with --force removes the item "
+            "of the newest version after saving it to a file"
         )
 
 
@@ -585,7 +665,9 @@ class WedgedVersionError(ManifestMissingError):
             found = (
                 "no transaction file could hold it (none with a read version below "
                 f"{version} is unreferenced); restore the manifest from a backup or bucket "
-                "versioning, or, after checking that no data depends on it, delete the item"
+                "versioning, or, after checking that no data depends on it, remove the item "
+                f"with `{repair_command} --force` (newest version only; it is saved to a file "
+                "first)"
             )
         elif len(candidates) == 1:
             found = f"its transaction is probably {candidates[0]!r}"
@@ -673,10 +755,14 @@ class BadEntryError(ManifestPointerError):
         self.problem = problem
         self.dynamodb_table = dynamodb_table
         table = f"DynamoDB table {dynamodb_table!r}" if dynamodb_table else "the external store"
+        uri = f"s3+ddb://<bucket>/{base_uri}?ddbTableName={dynamodb_table or '<table>'}"
         super().__init__(
             f"refusing the item of version {version} of {base_uri!r} in {table} (path "
-            f"{path!r}): {problem}. Nothing was changed. Inspect the item and the object: "
-            "restore the manifest from a backup or bucket versioning, or repair or delete the item"
+            f"{path!r}): {problem}. Nothing was changed. `lancetx-sync verify '{uri}'` reports "
+            "every such item; restore the manifest from a backup or bucket versioning, or run "
+            f"`lancetx-sync repair '{uri}' --version {version}`: it restores a final manifest "
+            "from a staged copy, or with --force removes the item of the newest version after "
+            "saving it to a file"
         )
 
 

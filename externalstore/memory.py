@@ -13,14 +13,15 @@ the fault-injection harness:
   effect, to interleave another actor deterministically.
 
 ``op`` is a method name: ``get``, ``latest``, ``put_if_not_exists``,
-``put_if_exists``, ``list_entries``, ``delete_all``. ``calls`` counts them.
+``put_all_if_not_exists``, ``put_if_exists``, ``list_entries``, ``delete_all``.
+``calls`` counts them.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lancetx.externalstore.base import (
@@ -33,6 +34,7 @@ from lancetx.externalstore.base import (
 )
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
+    EntriesExistError,
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
@@ -41,13 +43,22 @@ from lancetx.externalstore.errors import (
 __all__ = ["OPERATIONS", "AsyncMemoryManifestStore", "MemoryManifestStore"]
 
 OPERATIONS = frozenset(
-    {"get", "latest", "put_if_not_exists", "put_if_exists", "list_entries", "delete_all"}
+    {
+        "get",
+        "latest",
+        "put_if_not_exists",
+        "put_all_if_not_exists",
+        "put_if_exists",
+        "list_entries",
+        "delete_all",
+    }
 )
-_WRITES = frozenset({"put_if_not_exists", "put_if_exists", "delete_all"})
+_WRITES = frozenset({"put_if_not_exists", "put_all_if_not_exists", "put_if_exists", "delete_all"})
 _ACTIONS = {
     "get": "GetItem",
     "latest": "Query",
     "put_if_not_exists": "PutItem",
+    "put_all_if_not_exists": "TransactWriteItems",
     "put_if_exists": "PutItem",
     "list_entries": "Query",
     "delete_all": "DeleteItem",
@@ -176,6 +187,25 @@ class MemoryManifestStore(ExternalManifestStore):
                 action, self._resource(), entry, "injected: landed, then the answer was lost"
             )
 
+    def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        fault = self._begin("put_all_if_not_exists")
+        action = self._action("put_all_if_not_exists")
+        with self._lock:
+            existing = [self._tables.get(e.base_uri, {}).get(e.version) for e in entries]
+            applied = all(found is None for found in existing)
+            if applied:
+                for entry in entries:
+                    self._tables.setdefault(entry.base_uri, {})[entry.version] = entry
+        if not applied:
+            failed = [i for i, found in enumerate(existing) if found is not None]
+            raise EntriesExistError(action, self._resource(), list(entries), failed, existing)
+        if fault is not None:
+            raise AmbiguousWriteError(
+                action, self._resource(), entries[0], "injected: landed, then the answer was lost"
+            )
+
     def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
         fault = self._begin("put_if_exists")
         action = self._action("put_if_exists")
@@ -235,6 +265,11 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
 
     async def put_if_not_exists(self, entry: ManifestEntry) -> None:
         self.store.put_if_not_exists(entry)
+
+    async def put_all_if_not_exists(
+        self, entries: Sequence[ManifestEntry], *, request_token: str
+    ) -> None:
+        self.store.put_all_if_not_exists(entries, request_token=request_token)
 
     async def put_if_exists(
         self, entry: ManifestEntry, *, expected_path: str | None = None

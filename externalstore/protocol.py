@@ -36,7 +36,7 @@ import logging
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.listing import (
@@ -58,7 +58,6 @@ from lancetx.commit.format.naming import (
 )
 from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
-from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
@@ -69,6 +68,7 @@ from lancetx.externalstore.base import (
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
+    EntriesExistError,
     EntryExistsError,
     EntryNotFoundError,
     InvalidRequestError,
@@ -77,7 +77,13 @@ from lancetx.externalstore.errors import (
     TableNotFoundError,
     TableSchemaError,
     UntrustedManifestPathError,
+    VersionsAlreadyExistError,
 )
+
+if TYPE_CHECKING:
+    # The async object store needs aioboto3/aiohttp (the ``lancetx[async]`` extra);
+    # sync users must be able to import the protocol without them.
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +151,16 @@ class ClaimEntry:
 
 
 @dataclass(frozen=True)
+class ClaimEntries:
+    """Conditional insert of several entries, all or nothing: the commit point of
+    a multi-table commit (result: None). ``request_token`` is the same for every
+    attempt of one claim."""
+
+    entries: tuple[ManifestEntry, ...]
+    request_token: str
+
+
+@dataclass(frozen=True)
 class FlipEntry:
     """Point an existing entry at ``entry.path`` if it still points at ``expected_path``."""
 
@@ -197,6 +213,7 @@ Effect = (
     | DeleteObject
     | ListObjects
     | ClaimEntry
+    | ClaimEntries
     | FlipEntry
     | GetEntry
     | LatestEntry
@@ -255,21 +272,13 @@ def commit_steps(
     cannot be determined. Once the claim is won, failures while finalizing are
     logged, not raised: the version is committed and any reader completes it.
     """
-    token = token or str(uuidlib.uuid4())
-    staged = staged_manifest_key(table.base_key, version, scheme, token)
-    final = manifest_key(table.base_key, version, scheme)
-    staged_meta: ObjectMeta = yield PutObject(staged, manifest)
-    entry = ManifestEntry(
-        base_uri=table.base_uri,
-        version=version,
-        path=staged,
-        size=len(manifest),
-        committer=committer,
-        commit_token=token,
+    staged = yield from stage_steps(
+        table, version, scheme, manifest, token=token, committer=committer
     )
-    yield from _claim(table, entry, final, manifest)
+    entry = staged.entry
+    yield from _claim(table, entry, staged.final_key, manifest)
     try:
-        finalized = yield from finalize_steps(table, entry, staged_etag=staged_meta.etag)
+        finalized = yield from finalize_steps(table, entry, staged_etag=staged.etag)
     except LancetxError as exc:
         log.warning(
             "version %d of %s is committed but finalizing it failed (%s); readers will finish it",
@@ -279,6 +288,119 @@ def commit_steps(
         )
         return CommitOutcome(_location(entry, scheme), entry, finalized=False)
     return CommitOutcome(_location(finalized, scheme), finalized, finalized=True)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A manifest written under its staged name, and the entry that would claim it."""
+
+    table: Table
+    entry: ManifestEntry
+    manifest: bytes
+    final_key: str
+    etag: str | None
+
+
+def stage_steps(
+    table: Table,
+    version: int,
+    scheme: NamingScheme,
+    manifest: bytes,
+    *,
+    token: str | None = None,
+    committer: str = COMMITTER,
+) -> Steps[Staged]:
+    """Step 1: write ``manifest`` under ``_versions/{name}-{token}``; nothing is claimed."""
+    token = token or str(uuidlib.uuid4())
+    staged = staged_manifest_key(table.base_key, version, scheme, token)
+    meta: ObjectMeta = yield PutObject(staged, manifest)
+    entry = ManifestEntry(
+        base_uri=table.base_uri,
+        version=version,
+        path=staged,
+        size=len(manifest),
+        committer=committer,
+        commit_token=token,
+    )
+    return Staged(table, entry, manifest, manifest_key(table.base_key, version, scheme), meta.etag)
+
+
+def claim_all_steps(claims: list[Staged], *, request_token: str | None = None) -> Steps[None]:
+    """Step 2 for several tables at once: claim every staged entry in one
+    all-or-nothing conditional write (:class:`ClaimEntries`).
+
+    A claim that may have landed is sent again with the same request token;
+    condition failures then tell ours (our commit tokens) from another
+    writer's. Raises VersionsAlreadyExistError after deleting every staged
+    manifest when another writer holds one of the versions (so none was
+    claimed), CommitStateUnknownError when the outcome cannot be settled
+    (staged manifests kept).
+    """
+    request_token = request_token or str(uuidlib.uuid4())
+    entries = tuple(c.entry for c in claims)
+    tables = ", ".join(f"{c.table.base_uri!r} v{c.entry.version}" for c in claims)
+    last_error: AmbiguousWriteError | None = None
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            yield ClaimEntries(entries, request_token)
+            return
+        except EntriesExistError as lost:
+            failed, existing = lost.failed, lost.existing
+            may_be_ours = last_error is not None or lost.ambiguous
+        except AmbiguousWriteError as unclear:
+            last_error = unclear
+            continue
+        except LancetxError as exc:
+            if last_error is None:
+                if isinstance(exc, _REFUSED):
+                    for claim in claims:
+                        yield from _best_effort_delete(claim.entry.path)
+                raise
+            raise _claims_unknown(claims, tables, f"sending it again failed ({exc})") from exc
+        owners: list[tuple[Staged, Ownership, ManifestEntry | None]] = []
+        try:
+            for i in failed:
+                claim = claims[i]
+                found = existing[i]
+                if found is None:
+                    found = yield from _get_or_none(claim.table, claim.entry.version)
+                if found is None:
+                    owner = Ownership.UNKNOWN if may_be_ours else Ownership.THEIRS
+                else:
+                    owner = yield from _ownership(
+                        found, claim.entry, claim.final_key, claim.manifest, may_be_ours=may_be_ours
+                    )
+                owners.append((claim, owner, found))
+        except LancetxError as exc:
+            if not may_be_ours:
+                raise
+            raise _claims_unknown(claims, tables, f"settling it failed ({exc})") from exc
+        if owners and all(owner is Ownership.MINE for _, owner, _ in owners):
+            return  # an earlier attempt landed: the write is all or nothing, so all of it
+        if any(owner is not Ownership.THEIRS for _, owner, _ in owners):
+            raise _claims_unknown(claims, tables, "the items found do not settle it")
+        for claim in claims:
+            yield from _best_effort_delete(claim.entry.path)
+        raise VersionsAlreadyExistError(
+            {
+                claim.table.base_uri: (claim.entry.version, found.path if found else None)
+                for claim, _, found in owners
+            }
+        )
+    raise _claims_unknown(
+        claims, tables, f"it stayed ambiguous after {CLAIM_ATTEMPTS} attempts ({last_error})"
+    )
+
+
+def _claims_unknown(claims: list[Staged], tables: str, detail: str) -> CommitStateUnknownError:
+    first = claims[0].entry
+    return CommitStateUnknownError(
+        tables,
+        first.version,
+        first.commit_token,
+        f"the all-or-nothing claim of {tables} may have landed and {detail}; staged manifests "
+        f"{', '.join(repr(c.entry.path) for c in claims)} were kept",
+    )
 
 
 def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> Steps[None]:
@@ -753,6 +875,9 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
         DeleteObject: lambda e: store.delete(e.key),
         ListObjects: lambda e: _listing(store.list(e.prefix), e.until),
         ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
+        ClaimEntries: lambda e: entries.put_all_if_not_exists(
+            e.entries, request_token=e.request_token
+        ),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
         LatestEntry: lambda e: entries.latest(e.base_uri),
@@ -783,6 +908,9 @@ async def run_async(
         DeleteObject: lambda e: store.delete(e.key),
         ListObjects: lambda e: _listing_async(store, e),
         ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
+        ClaimEntries: lambda e: entries.put_all_if_not_exists(
+            e.entries, request_token=e.request_token
+        ),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
         LatestEntry: lambda e: entries.latest(e.base_uri),

@@ -29,7 +29,7 @@ CLI share it:
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.manifest import decode_manifest
@@ -42,7 +42,6 @@ from lancetx.commit.format.naming import (
     parse_staged_name,
 )
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
-from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
@@ -66,6 +65,9 @@ from lancetx.externalstore.protocol import (
     run,
     run_async,
 )
+
+if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 __all__ = [
     "candidate_steps",

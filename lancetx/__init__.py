@@ -13,4 +13,6 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+from lancetx.multi_table import commit_many
+
+__all__ = ["__version__", "commit_many"]

@@ -1,6 +1,6 @@
 """Generated protobuf modules for the Lance table format (package lance.table / lance.file).
 
-Modules (generated from the .proto files next to this one by ``regenerate.py``;
+Modules (generated from the .proto files next to this one by ``tools/regenerate_protos.py``;
 run ``make protos`` after editing a .proto, never edit the ``*_pb2`` files):
 
 * ``file_pb2``        -- lance.file: Field, Schema, Encoding, Dictionary, Metadata, FileDescriptor

@@ -2,6 +2,10 @@
 
 Each test gets fresh bucket/table names, so tests never see each other's state.
 Fake credentials are forced so nothing can reach real AWS.
+
+``make test-localstack`` sets ``LANCETX_TEST_BACKEND=external``: then ``aws`` is
+LocalStack's S3 + dynalite instead (``external_backend.py``), moto cannot be
+imported, and only tests marked ``integration`` are meant to run.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 
 import boto3
+import external_backend
 import pytest
 from hypothesis import settings
 
@@ -33,9 +38,35 @@ for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
     os.environ.pop(_key, None)
 
 
+if external_backend.selected():
+    external_backend.install_moto_guard()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if external_backend.selected():
+        skip = pytest.mark.skip(reason="needs the embedded server (marked embedded_only)")
+        for item in items:
+            if item.get_closest_marker("embedded_only"):
+                item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if external_backend.selected():
+        aws = external_backend.ExternalAws.from_environ()
+        return (
+            f"backend: {aws.name} (S3 {aws.endpoint}, DynamoDB {aws.dynamodb_endpoint}); "
+            "moto: refused at import"
+        )
+    return "backend: embedded moto server (S3 + DynamoDB on 127.0.0.1)"
+
+
 @pytest.fixture(scope="session")
 def aws() -> Iterator[EmbeddedAws]:
-    """The session's embedded moto server (conditional S3 writes honoured)."""
+    """The session's embedded moto server (conditional S3 writes honoured), or the
+    external servers of ``make test-localstack``."""
+    if external_backend.selected():
+        yield external_backend.ExternalAws.from_environ()  # type: ignore[misc]
+        return
     with EmbeddedAws() as server:
         yield server
 
@@ -58,7 +89,7 @@ def s3_client(aws: EmbeddedAws):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def ddb_client(aws: EmbeddedAws):  # type: ignore[no-untyped-def]
-    return boto3.client("dynamodb", **aws.client_kwargs())
+    return boto3.client("dynamodb", **aws.client_kwargs("dynamodb"))
 
 
 @pytest.fixture

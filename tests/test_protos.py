@@ -14,8 +14,9 @@ from google.protobuf.message import Message
 
 from lancetx.protos import file_pb2, rowids_pb2, table_pb2, transaction_pb2
 
-PROTOS = Path(__file__).resolve().parent.parent / "protos"
-REGENERATE = PROTOS / "regenerate.py"
+ROOT = Path(__file__).resolve().parent.parent
+PROTOS = ROOT / "protos"
+REGENERATE = ROOT / "tools" / "regenerate_protos.py"
 
 # Manifest field numbers pylance writes that our table.proto does not declare.
 # (23, the inline transaction offset pylance 14.0.2 writes instead of 21, is
@@ -23,9 +24,9 @@ REGENERATE = PROTOS / "regenerate.py"
 KNOWN_UNDECLARED_MANIFEST_FIELDS: set[int] = set()
 
 
-def _run_check(regenerate: Path) -> subprocess.CompletedProcess[str]:
+def _run_check(proto_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(regenerate), "--check"],
+        [sys.executable, str(REGENERATE), "--check", "--proto-dir", str(proto_dir)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -37,7 +38,7 @@ def _run_check(regenerate: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_generated_code_matches_protos() -> None:
-    proc = _run_check(REGENERATE)
+    proc = _run_check(PROTOS)
     assert proc.returncode == 0, f"run `make protos`:\n{proc.stdout}{proc.stderr}"
 
 
@@ -45,12 +46,12 @@ def test_check_flags_an_edited_proto(tmp_path: Path) -> None:
     """--check must fail when a .proto changes without regenerating (on a copy)."""
     copy = tmp_path / "protos"
     shutil.copytree(PROTOS, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    assert _run_check(copy / "regenerate.py").returncode == 0
+    assert _run_check(copy).returncode == 0
 
     proto = copy / "table.proto"
     text = proto.read_text()
     proto.write_text(text.replace("optional string branch = 20;", "optional string branch = 22;"))
-    proc = _run_check(copy / "regenerate.py")
+    proc = _run_check(copy)
     assert proc.returncode == 1
     assert "differs: protos/table_pb2.py" in proc.stderr
     assert "file_pb2" not in proc.stderr

@@ -8,9 +8,13 @@ from pathlib import Path
 import boto3
 import lance
 import pyarrow as pa
+import pytest
 
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
+
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -36,7 +40,7 @@ def test_usage_example_runs_against_moto(
         '"s3+ddb://my-bucket/tables/events.lance?ddbTableName=lance_manifests"', repr(uri)
     ).replace('{"aws_region": "eu-west-1"}', repr(options))
     assert repr(uri) in code and repr(options) in code, "README example changed shape"
-    create_table(boto3.client("dynamodb", **aws.client_kwargs()), ddb_table_name)
+    create_table(boto3.client("dynamodb", **aws.client_kwargs("dynamodb")), ddb_table_name)
     lance.write_dataset(pa.table({"x": [0]}), uri, storage_options=options)
     namespace: dict[str, object] = {}
     exec(compile(code, str(README), "exec"), namespace)

@@ -463,6 +463,38 @@ def they_changed_data_files_of_our_fragment(
 
 
 @condition()
+def we_changed_data_files_of_a_fragment_they_modified(
+    ours: Transaction, theirs: Transaction, ctx: ConflictContext
+) -> Finding | None:
+    """We gave a fragment they also modified different data files than we read
+    (an Update in REWRITE_COLUMNS mode writes the rewritten columns to a new
+    file). The spec rebases a Delete/Update only when it "only modified
+    deletion vectors (not data files)"; merging vectors into either side's copy
+    would lose the other side's change, so ours must be planned again."""
+    theirs_ids = theirs.operation.modified_fragment_ids
+    op = ours.operation
+    hit: set[int] = set()
+    for fragment in _updated_fragments(op):
+        if fragment.id not in theirs_ids:
+            continue
+        read = ctx.read_fragments.get(fragment.id)
+        if read is None:
+            # Unknown read state: trust what the operation says it does.
+            changed = isinstance(op, Update) and op.changes_data_files
+        else:
+            changed = list(read.files) != list(fragment.files)
+        if changed:
+            hit.add(fragment.id)
+    if not hit:
+        return None
+    return Finding(
+        f"this gave {_frags(hit)} new data files (a column rewrite) and only deletion "
+        "vectors can be merged",
+        fragment_ids=frozenset(hit),
+    )
+
+
+@condition()
 def affected_rows_unknown(
     ours: Transaction, theirs: Transaction, ctx: ConflictContext
 ) -> Finding | None:
@@ -508,11 +540,14 @@ def they_changed_deletions_of_our_fragment(
 #: deletion masks from the two operations will be merged. However, if both
 #: operations modified the same rows, then the conflict becomes a retryable
 #: conflict."). Same fragments with only deletion files changed rebase; a
-#: fragment removed outright, or data files changed, cannot be merged.
+#: fragment removed outright, or data files changed by either side, cannot be
+#: merged (the spec's rebasable example: "it only modified deletion vectors
+#: (not data files)").
 DELETION_VECTOR_REBASE = cases(
     (they_removed_our_fragment, RETRYABLE),
     (we_removed_a_fragment_they_changed, RETRYABLE),
     (they_changed_data_files_of_our_fragment, RETRYABLE),
+    (we_changed_data_files_of_a_fragment_they_modified, RETRYABLE),
     (affected_rows_unknown, RETRYABLE),
     (they_changed_deletions_of_our_fragment, REBASE),
 )
@@ -835,10 +870,15 @@ def same_field_same_fragment(
 
 @condition()
 def same_config_key(ours: Transaction, theirs: Transaction, ctx: ConflictContext) -> Finding | None:
-    """Both set or remove the same table config key (replacing the whole
-    config map touches every key)."""
+    """One sets a table config key the other sets or removes (replacing the
+    whole config map touches every key). Two removals of the same key commute
+    -- either order leaves it absent -- so they do not conflict (as in Lance's
+    ``upsert_key_conflict``; a divergence from the spec's wording, marked in
+    the conflict matrix)."""
     mine, other = ours.operation, theirs.operation
-    shared = mine.touched_config_keys & other.touched_config_keys
+    shared = (mine.upserted_config_keys & other.touched_config_keys) | (
+        mine.touched_config_keys & other.upserted_config_keys
+    )
     if shared:
         return Finding(f"both change config key(s) {_names(shared)}")
     if (mine.replaces_config and other.touched_config_keys) or (

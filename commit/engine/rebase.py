@@ -12,8 +12,21 @@ deletion vectors, so ours is moved onto the latest version by merging vectors.
   the latest version); a fragment whose rows are now all deleted moves to the
   removed list.
 
-Singleton-index rebases (fragment-reuse and MemWAL index details) are not
-implemented: such a verdict surfaces as a retryable conflict, with that reason.
+The rebased fragment is ours' copy with the merged deletion file, so every
+change ours made to it is carried. A fragment whose data files ours (or
+theirs) changed is never merged -- the rules classify it RETRYABLE, and this
+step refuses it too -- and a rebase that would leave out a data file ours
+references is refused before anything is written.
+
+The other rebase merges the fragment reuse index (:mod:`.frag_reuse`): a
+CreateIndex writing it (a cleanup) against committed changes to it -- a
+compaction with deferred index remapping that added a version, or another
+cleanup that removed some -- gets a new index whose versions carry both
+sides' changes, replacing the index that is current now.
+
+Not implemented, and surfacing as a retryable conflict with that reason:
+merging MemWAL index details, and a Rewrite carrying its own fragment reuse
+index (lancetx does not commit those).
 """
 
 from __future__ import annotations
@@ -24,7 +37,17 @@ from collections.abc import Mapping, Sequence
 from pyroaring import BitMap
 
 from lancetx.commit.engine.conflicts import RebaseKind, RebaseNeeded
-from lancetx.commit.engine.operations import DataFragment, Delete, Transaction, Update
+from lancetx.commit.engine.frag_reuse import build_frag_reuse_index, merge_versions, read_versions
+from lancetx.commit.engine.operations import (
+    FRAG_REUSE_INDEX_NAME,
+    CreateIndex,
+    DataFragment,
+    Delete,
+    IndexMetadata,
+    Rewrite,
+    Transaction,
+    Update,
+)
 from lancetx.commit.errors import RetryableConflictError
 from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
 from lancetx.commit.storage.objectstore import ObjectStore
@@ -52,23 +75,27 @@ def rebase_transaction(
     the error's ``conflicts`` (``(version, operation, reason)``)."""
     uri = store.uri(base)
     names = committed_operations or {}
-    unsupported = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
-    if unsupported:
-        kinds = ", ".join(sorted({n.kind.value for n in unsupported}))
-        raise RetryableConflictError(
-            uri,
-            ours.uuid,
-            ours.operation.name,
-            ours.read_version,
-            [
-                (
-                    n.committed_version,
-                    names.get(n.committed_version, n.kind.value),
-                    f"lancetx cannot yet rebase by '{kinds}'; re-read the table and retry",
-                )
-                for n in unsupported
-            ],
-        )
+    index_merges = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
+    if index_merges:
+        unsupported = _unsupported_index_merges(ours, index_merges)
+        if unsupported:
+            kinds = ", ".join(sorted({n.kind.value for n, _ in unsupported}))
+            raise RetryableConflictError(
+                uri,
+                ours.uuid,
+                ours.operation.name,
+                ours.read_version,
+                [
+                    (
+                        n.committed_version,
+                        names.get(n.committed_version, n.kind.value),
+                        f"lancetx cannot yet rebase by '{kinds}' ({why}); re-read the table "
+                        "and retry",
+                    )
+                    for n, why in unsupported
+                ],
+            )
+        return _merge_frag_reuse_index(store, base, ours, index_merges, latest.version)
     fragment_ids = frozenset().union(*(n.fragment_ids for n in needed)) if needed else frozenset()
     op = ours.operation
     if not fragment_ids or not isinstance(op, Delete | Update):
@@ -109,6 +136,66 @@ def rebase_transaction(
     return dataclasses.replace(ours, operation=new_op, read_version=latest.version)
 
 
+def _committed_fri(needed: RebaseNeeded) -> IndexMetadata | None:
+    found = [i for i in needed.indices if i.name == FRAG_REUSE_INDEX_NAME]
+    return found[-1] if found else None
+
+
+def _unsupported_index_merges(
+    ours: Transaction, needed: Sequence[RebaseNeeded]
+) -> list[tuple[RebaseNeeded, str]]:
+    """The index merges this step cannot do, with why: only a CreateIndex that
+    writes the fragment reuse index, against committed fragment reuse indices."""
+    op = ours.operation
+    if not isinstance(op, CreateIndex) or op.frag_reuse_index is None:
+        why = (
+            "a rewrite's fragment reuse index is not committed by lancetx"
+            if isinstance(op, Rewrite)
+            else "only fragment reuse index details are merged"
+        )
+        return [(n, why) for n in needed]
+    return [
+        (n, "only fragment reuse index details are merged (not MemWAL index details)")
+        for n in needed
+        if _committed_fri(n) is None
+    ]
+
+
+def _merge_frag_reuse_index(
+    store: ObjectStore,
+    base: str,
+    ours: Transaction,
+    needed: Sequence[RebaseNeeded],
+    latest_version: int,
+) -> Transaction:
+    """Ours (a CreateIndex writing the fragment reuse index, e.g. a cleanup)
+    with every committed change to that index folded in, replacing the
+    index that is current now."""
+    op = ours.operation
+    assert isinstance(op, CreateIndex) and op.frag_reuse_index is not None
+    mine = op.frag_reuse_index
+    read_index = next((i for i in op.removed_indices if i.name == FRAG_REUSE_INDEX_NAME), None)
+    read = read_versions(store, base, read_index) if read_index is not None else []
+    versions = read_versions(store, base, mine)
+    current = read_index
+    for n in sorted(needed, key=lambda n: n.committed_version or 0):
+        committed = _committed_fri(n)
+        assert committed is not None
+        theirs = read_versions(store, base, committed)
+        versions = merge_versions(versions, read, theirs)
+        read, current = theirs, committed
+    merged = build_frag_reuse_index(
+        store, base, versions, dataset_version=latest_version, template=mine
+    )
+    new_indices = tuple(merged if i.name == FRAG_REUSE_INDEX_NAME else i for i in op.new_indices)
+    # The builder removes indices by uuid: the one to replace is the current one.
+    removed = tuple(i for i in op.removed_indices if i.name != FRAG_REUSE_INDEX_NAME)
+    if current is not None:
+        removed += (current,)
+    rebased = dataclasses.replace(op, new_indices=new_indices, removed_indices=removed)
+    return dataclasses.replace(ours, operation=rebased, read_version=latest_version)
+
+
 def _merge(
     store: ObjectStore,
     base: str,
@@ -129,6 +216,7 @@ def _merge(
         current = latest_by_id.get(fragment.id)
         if current is None:
             raise _Overlap(f"fragment {fragment.id} was removed by the committed transaction")
+        _require_only_deletions(fragment, read_fragments.get(fragment.id), current)
         before = _vector(store, base, read_fragments.get(fragment.id))
         mine = _vector(store, base, fragment)
         affected = mine - before
@@ -145,17 +233,76 @@ def _merge(
             continue
         plan.append((fragment, current, merged))
     updated: list[DataFragment] = []
+    to_write: list[tuple[DataFragment, BitMap]] = []
     for fragment, current, merged in plan:
         if current is None:
             updated.append(fragment)
             continue
+        # Ours' copy, not theirs: every change ours made to the fragment is kept
+        # and only the deletion vector is replaced by the merged one.
         rebased = DataFragment()
-        rebased.CopyFrom(current)
-        rebased.deletion_file.CopyFrom(
-            write_deletion_vector(store, base, fragment.id, latest_version, merged)
-        )
+        rebased.CopyFrom(fragment)
         updated.append(rebased)
+        to_write.append((rebased, merged))
+    baseline = {**latest_by_id, **read_fragments}
+    _check_keeps_data_files(ours, updated, emptied, baseline)
+    for rebased, merged in to_write:
+        rebased.deletion_file.CopyFrom(
+            write_deletion_vector(store, base, rebased.id, latest_version, merged)
+        )
     return tuple(updated), tuple(emptied)
+
+
+def _data_files(fragment: DataFragment) -> list[tuple[str, tuple[int, ...]]]:
+    return [(f.path, tuple(f.fields)) for f in fragment.files]
+
+
+def _require_only_deletions(
+    ours: DataFragment, read: DataFragment | None, current: DataFragment
+) -> None:
+    """Refuse to merge a fragment whose data files are not the ones both sides
+    read: the merge rewrites deletion vectors only, so any data-file change
+    (ours or theirs) would be dropped or half-applied."""
+    if read is not None and _data_files(ours) != _data_files(read):
+        added = sorted({p for p, _ in _data_files(ours)} - {p for p, _ in _data_files(read)})
+        what = f"data file(s) {', '.join(added)}" if added else "changed data files"
+        raise _Overlap(
+            f"this transaction gave fragment {ours.id} {what}; a rebase only merges "
+            "deletion vectors and would not carry them"
+        )
+    if _data_files(current) != _data_files(ours):
+        raise _Overlap(
+            f"the data files of fragment {ours.id} changed since it was read; a rebase only "
+            "merges deletion vectors"
+        )
+
+
+def _check_keeps_data_files(
+    ours: Sequence[DataFragment],
+    updated: Sequence[DataFragment],
+    emptied: Sequence[int],
+    baseline: Mapping[int, DataFragment],
+) -> None:
+    """Every data file ours references must survive the rebase: in the
+    rebased copy of its fragment, or (only if ours did not add it: it is in
+    ``baseline``, the fragment as read) in a fragment the merged deletions
+    removed entirely. Checked before any deletion file is written."""
+    by_id = {f.id: f for f in updated}
+    for fragment in ours:
+        read = baseline.get(fragment.id)
+        before = {p for p, _ in _data_files(read)} if read is not None else set()
+        rebased = by_id.get(fragment.id)
+        kept = {p for p, _ in _data_files(rebased)} if rebased is not None else set()
+        lost = [
+            p
+            for p, _ in _data_files(fragment)
+            if p not in kept and not (fragment.id in emptied and p in before)
+        ]
+        if lost:
+            raise _Overlap(
+                f"the rebase would drop data file(s) {', '.join(lost)} of fragment "
+                f"{fragment.id} that this transaction references; refusing"
+            )
 
 
 def _vector(store: ObjectStore, base: str, fragment: DataFragment | None) -> BitMap:

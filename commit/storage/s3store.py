@@ -35,6 +35,7 @@ from lancetx.commit.errors import (
     TransientObjectStoreError,
     UnsupportedOperationError,
 )
+from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 
@@ -126,6 +127,8 @@ class S3Config:
     response_checksum_validation: str | None = None
 
     def __post_init__(self) -> None:
+        if self.region is not None and not is_region_name(self.region):
+            raise StorageOptionError(f"aws_region={self.region!r} is {NOT_A_REGION}")
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise StorageOptionError(
                 "S3 credentials need both an access key id and a secret access key; "
@@ -629,6 +632,8 @@ class S3ObjectStore(ObjectStore):
         if not 1 <= page_size <= DEFAULT_PAGE_SIZE:
             raise ValueError(f"page_size must be in 1..{DEFAULT_PAGE_SIZE}, got {page_size}")
         self.bucket = bucket
+        #: Table base key -> the URI the user opened it by (see :meth:`name_table`).
+        self.table_uris: dict[str, str] = {}
         self.legacy = legacy
         self.page_size = page_size
         self.capabilities = StoreCapabilities(
@@ -666,7 +671,14 @@ class S3ObjectStore(ObjectStore):
         return f"S3ObjectStore({self.bucket!r}, legacy={self.legacy})"
 
     def uri(self, key: str) -> str:
-        return s3_uri(self.bucket, key)
+        """``s3://bucket/key``; a table's base key named by :meth:`name_table` gives that name."""
+        return self.table_uris.get(key) or s3_uri(self.bucket, key)
+
+    def name_table(self, base: str, uri: str) -> None:
+        """Messages about the table at ``base`` show ``uri`` (the URI the user passed,
+        e.g. ``s3+ddb://bucket/t.lance?ddbTableName=T``) instead of ``s3://bucket/base``;
+        objects inside the table keep their ``s3://`` URIs (they are what S3 acted on)."""
+        self.table_uris[base] = uri
 
     def _error(
         self, exc: Exception, operation: str, key: str, source_key: str | None = None

@@ -14,11 +14,15 @@ import contextlib
 from types import TracebackType
 from typing import Any
 
-import aioboto3
-import aiohttp
-from aiobotocore.config import AioConfig
+from lancetx.commit.errors import MissingExtraError, ObjectNotFoundError
 
-from lancetx.commit.errors import ObjectNotFoundError
+try:
+    import aioboto3
+    import aiohttp
+    from aiobotocore.config import AioConfig
+except ImportError as exc:  # the sync API never imports this module
+    raise MissingExtraError("the asyncio S3 object store", "async", exc.name) from exc
+
 from lancetx.commit.storage.objectstore import ObjectMeta, StoreCapabilities
 from lancetx.commit.storage.s3store import (
     DEFAULT_PAGE_SIZE,
@@ -129,6 +133,8 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         if not 1 <= page_size <= DEFAULT_PAGE_SIZE:
             raise ValueError(f"page_size must be in 1..{DEFAULT_PAGE_SIZE}, got {page_size}")
         self.bucket = bucket
+        #: See :attr:`S3ObjectStore.table_uris`.
+        self.table_uris: dict[str, str] = {}
         self.legacy = legacy
         self.page_size = page_size
         self.config = config or S3Config()
@@ -184,8 +190,12 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return self
 
     def uri(self, key: str) -> str:
-        """See :meth:`AsyncObjectStore.uri`."""
-        return s3_uri(self.bucket, key)
+        """See :meth:`S3ObjectStore.uri`."""
+        return self.table_uris.get(key) or s3_uri(self.bucket, key)
+
+    def name_table(self, base: str, uri: str) -> None:
+        """See :meth:`S3ObjectStore.name_table`."""
+        self.table_uris[base] = uri
 
     def _error(
         self, exc: Exception, operation: str, key: str, source_key: str | None = None

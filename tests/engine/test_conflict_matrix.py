@@ -125,12 +125,13 @@ def test_spec_lists_name_only_real_operations() -> None:
 
 
 def test_documented_divergences_from_lance_test_conflicts() -> None:
-    """The two divergences the issue names are marked in the 225 matrix."""
+    """The divergences the issues name are marked in the 225 matrix."""
     marked = {
         (o, t) for o, t in PAIRS for v in cell_variants(o, t) if v.source.startswith("divergence:")
     }
     assert (OperationKind.OVERWRITE, OperationKind.OVERWRITE) in marked
     assert (OperationKind.UPDATE_CONFIG, OperationKind.OVERWRITE) in marked
+    assert (OperationKind.UPDATE_CONFIG, OperationKind.UPDATE_CONFIG) in marked  # delete/delete
 
 
 # ------------------------------------------------------------- rebase facts

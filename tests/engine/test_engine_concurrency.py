@@ -32,6 +32,9 @@ from engine_helpers import EngineTable, append_worker, make_table
 
 from lancetx.externalstore.embedded import EmbeddedAws
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 APPENDS = 5
 ROWS = 10
 THREADS = 8

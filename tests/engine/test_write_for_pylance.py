@@ -150,6 +150,9 @@ def pylance_table(t: Table, data: pa.Table, **kwargs: Any) -> int:
 
 _QUIET_CHECK = """
 import json, sys, lance
+
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
 uri, opts = sys.argv[1], json.loads(sys.argv[2])
 ds = lance.dataset(uri, storage_options=opts)
 seen = []

@@ -82,7 +82,7 @@ class Env:
         return boto3.client("s3", **self.aws.client_kwargs())
 
     def items(self) -> list[dict[str, Any]]:
-        client = boto3.client("dynamodb", **self.aws.client_kwargs())
+        client = boto3.client("dynamodb", **self.aws.client_kwargs("dynamodb"))
         return list(
             client.query(
                 TableName=self.ddb_table,
@@ -357,7 +357,7 @@ def test_claim_landed_but_answered_with_a_500(kind: str, env: Env) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_untrusted_entry_is_refused(kind: str, env: Env) -> None:
-    client = boto3.client("dynamodb", **env.aws.client_kwargs())
+    client = boto3.client("dynamodb", **env.aws.client_kwargs("dynamodb"))
     client.put_item(
         TableName=env.ddb_table,
         Item={

@@ -61,7 +61,7 @@ def test_create_table_polls_until_active(
     aws: EmbeddedAws, ddb_table_name: str, creating_for: list[int]
 ) -> None:
     creating_for[0] = 3
-    client = boto3.client("dynamodb", **aws.client_kwargs())
+    client = boto3.client("dynamodb", **aws.client_kwargs("dynamodb"))
     info = create_table(client, ddb_table_name, timeout=10)
     assert creating_for[1] == 4  # three CREATING answers, then the real ACTIVE table
     assert info.name == ddb_table_name and info.status == "ACTIVE"
@@ -71,7 +71,7 @@ def test_create_table_gives_up_after_its_timeout(
     aws: EmbeddedAws, ddb_table_name: str, creating_for: list[int]
 ) -> None:
     creating_for[0] = 10**6
-    client = boto3.client("dynamodb", **aws.client_kwargs())
+    client = boto3.client("dynamodb", **aws.client_kwargs("dynamodb"))
     with pytest.raises(ExternalStoreError, match="still CREATING") as info:
         create_table(client, ddb_table_name, timeout=0.2)
     assert "dynamodb:DescribeTable" in str(info.value)

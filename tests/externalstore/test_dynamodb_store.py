@@ -52,6 +52,9 @@ from lancetx.externalstore.errors import (
 from lancetx.externalstore.retry import RetryPolicy
 from lancetx.externalstore.uri import canonical_base_uri
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 BASE = "db/t.lance"
 FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.01)
 
@@ -165,10 +168,10 @@ def test_missing_table_is_named_with_region_endpoint_and_remedy(
         "dynamodb:DescribeTable",
         f"table/{ddb_table_name}",
         "us-east-1",
-        aws.endpoint,
+        aws.dynamodb_endpoint,
         "create_table",
         f"create-table --table-name {ddb_table_name} ",
-        f"--region us-east-1 --endpoint-url {aws.endpoint}",
+        f"--region us-east-1 --endpoint-url {aws.dynamodb_endpoint}",
     ):
         assert needle in message, needle
 
@@ -801,7 +804,7 @@ def test_from_uri(aws: EmbeddedAws, table: str) -> None:
     store = DynamoDBManifestStore.from_uri(
         f"s3+ddb://bucket/{BASE}?ddbTableName={table}", aws.pylance_storage_options()
     )
-    assert store.table_name == table and store.target.endpoint == aws.endpoint
+    assert store.table_name == table and store.target.endpoint == aws.dynamodb_endpoint
     store.put_if_not_exists(staged(1, "t"))
 
 

@@ -59,6 +59,9 @@ from lancetx.externalstore.retry import (
     classify,
 )
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 BASE = "warehouse/t.lance"
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.01)
 

@@ -17,7 +17,6 @@ import hashlib
 import json
 import multiprocessing
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -105,7 +104,6 @@ def test_sixteen_writer_threads_append_without_loss(shared: Shared) -> None:
             )
             tally.add(name, seq, ROWS)
 
-    started = time.monotonic()
     errors = run_threads([lambda i=i: writer(i) for i in range(WRITERS)])  # type: ignore[misc]
     assert errors == [], errors
     assert tally.commits == 1 + WRITERS * APPENDS
@@ -117,7 +115,6 @@ def test_sixteen_writer_threads_append_without_loss(shared: Shared) -> None:
         tally.rows,
         versions=tally.commits,
     )
-    assert time.monotonic() - started < 60
 
     s3_ops = log.operations("s3")
     assert s3_ops.count("CopyObject") >= WRITERS * APPENDS  # the hook saw our requests
@@ -127,7 +124,6 @@ def test_sixteen_writer_threads_append_without_loss(shared: Shared) -> None:
 
 def test_sixteen_writers_in_spawned_processes_append_without_loss(shared: Shared) -> None:
     processes, threads = 8, 2
-    started = time.monotonic()
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         futures = [
@@ -150,7 +146,6 @@ def test_sixteen_writers_in_spawned_processes_append_without_loss(shared: Shared
     verify_history(
         shared.uri, shared.options, conn.handler, conn.base, tally.rows, versions=tally.commits
     )
-    assert time.monotonic() - started < 60
 
 
 # ------------------------------------------------------------------ transient faults

@@ -43,6 +43,9 @@ from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.memory import MemoryManifestStore
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 ROWS = 10
 
 
@@ -54,7 +57,7 @@ class Env:
     options: dict[str, str]
 
     def items(self, base: str) -> list[dict[str, Any]]:
-        client = boto3.client("dynamodb", **self.aws.client_kwargs())
+        client = boto3.client("dynamodb", **self.aws.client_kwargs("dynamodb"))
         return list(
             client.query(
                 TableName=self.ddb_table,

@@ -615,7 +615,7 @@ class DdbTable:
         return version
 
     def items(self) -> list[dict[str, Any]]:
-        client = boto3.client("dynamodb", **self.aws.client_kwargs())
+        client = boto3.client("dynamodb", **self.aws.client_kwargs("dynamodb"))
         response = client.query(
             TableName=self.ddb_table,
             KeyConditionExpression="base_uri = :b",
@@ -888,7 +888,7 @@ def test_e2e_untrusted_entry_is_refused_and_never_followed(e2e: DdbTable, where:
         "other version": manifest_key(e2e.base, 1, NamingScheme.V2),
         "outside _versions": f"db/other.lance/_versions/{name(1)}".replace("_versions/", ""),
     }[where]
-    client = boto3.client("dynamodb", **e2e.aws.client_kwargs())
+    client = boto3.client("dynamodb", **e2e.aws.client_kwargs("dynamodb"))
     client.put_item(
         TableName=e2e.ddb_table,
         Item={

@@ -12,6 +12,9 @@ from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.errors import AccessDeniedError, ThrottledError
 from lancetx.externalstore.memory import MemoryManifestStore
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 
 def _handler(
     tmp_path: Path,

@@ -27,7 +27,7 @@ def _config(aws: EmbeddedAws) -> DynamoDBConfig:
 def test_our_clients_raise_no_warning(
     aws: EmbeddedAws, ddb_table_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    create_table(boto3.client("dynamodb", **aws.client_kwargs()), ddb_table_name)
+    create_table(boto3.client("dynamodb", **aws.client_kwargs("dynamodb")), ddb_table_name)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         DynamoDBManifestStore(make_client(_config(aws)), ddb_table_name)
 
@@ -42,7 +42,7 @@ def test_our_clients_raise_no_warning(
 def test_a_default_boto3_client_is_flagged(
     aws: EmbeddedAws, ddb_table_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = boto3.client("dynamodb", **aws.client_kwargs())  # botocore's default retries
+    client = boto3.client("dynamodb", **aws.client_kwargs("dynamodb"))  # botocore's default retries
     create_table(client, ddb_table_name)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         DynamoDBManifestStore(client, ddb_table_name)

@@ -21,6 +21,9 @@ from lancetx.externalstore.uri import (
     split_uri,
 )
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 CANONICAL = [
     # (input, canonical base_uri)
     ("s3+ddb://bucket/ddbds?ddbTableName=T", "ddbds"),

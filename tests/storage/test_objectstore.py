@@ -22,6 +22,9 @@ from lancetx.commit.storage.s3store import UNKNOWN_SIZE, S3Config, S3ObjectStore
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.embedded import DEFAULT_REGION, FAKE_ACCESS_KEY, FAKE_SECRET_KEY
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 ODD_KEYS = ["with space/a b.bin", "unicodé/日本/ß.manifest", "plus+and%percent/x=1&y"]
 
 

@@ -30,6 +30,9 @@ from lancetx.externalstore.embedded import (
     InterceptedResponse,
 )
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 ACCESS_DENIED = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
     b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message>"
@@ -154,6 +157,7 @@ def test_legacy_guard_refuses_conditional_requests_on_its_client(
         store.head("k")  # nothing reached the server
 
 
+@pytest.mark.embedded_only
 def test_why_legacy_matters_the_server_ignores_the_condition(
     legacy_aws: EmbeddedAws, bucket: str
 ) -> None:

@@ -19,7 +19,10 @@ Every cell / variant names its source:
 * ``spec: <section>: <list entry>`` -- the spec's compatibility list says so;
 * ``lance: conflict_resolver.rs <fn> ...`` -- the spec is silent, Lance decides;
 * ``divergence: Lance test_conflicts says X; spec says Y because ...`` -- the
-  older Lance table disagrees with the spec, and the spec wins.
+  older Lance table disagrees with the spec, and the spec wins;
+* ``divergence: from the spec's wording ...`` -- lancetx follows Lance where a
+  literal reading of the spec would refuse something that commutes (two
+  UpdateConfig removals of the same key).
 
 ``lance_now`` notes where *current* Lance (``conflict_resolver.rs`` at the
 mirrored HEAD) answers differently from the spec; the spec wins there too.
@@ -552,6 +555,50 @@ def _deletion_vector_variants(
     ]
 
 
+def _column_rewrite_variants(hit: Operation, miss: Operation) -> list[Variant]:
+    """Our Update in REWRITE_COLUMNS mode (a new data file for fragment 0) vs
+    their Delete / row-rewriting Update: the lost-update cells."""
+    ours = _update(
+        with_files(F[0], data_file("f0-b2.lance", (1,))), mode=UpdateMode.REWRITE_COLUMNS
+    )
+    theirs_kind = hit.kind
+    note = (
+        "Conflict Scenarios: rebasable only because the transaction 'only modified deletion "
+        "vectors (not data files)'; merging masks into either copy of the fragment would drop "
+        "one side's change"
+    )
+    lance_now = (
+        "B (check_update_txn compares only the committed side's data files; "
+        "finish_delete_update then keeps ours' files and merges the masks)"
+    )
+    return [
+        Variant(
+            "same fragment, we rewrote its columns (new data file)",
+            R,
+            _spec(K.UPDATE, theirs_kind, note),
+            ours,
+            hit,
+            lance_now=lance_now,
+        ),
+        Variant(
+            "same fragment, we rewrote its columns, read state unknown",
+            R,
+            _spec(K.UPDATE, theirs_kind, note + "; without the read state the mode decides"),
+            ours,
+            hit,
+            ConflictContext(),
+            lance_now=lance_now,
+        ),
+        Variant(
+            "we rewrote the columns of another fragment",
+            C,
+            _spec(K.UPDATE, theirs_kind, "nothing overlaps"),
+            ours,
+            miss,
+        ),
+    ]
+
+
 def _overlap_variants(
     ours_kind: OperationKind,
     theirs_kind: OperationKind,
@@ -899,9 +946,18 @@ VARIANTS: dict[tuple[OperationKind, OperationKind], list[Variant]] = {
             _update(with_deletion(F[0], 12), keys=exact_keys(1, 2)),
         ),
     ],
-    (K.UPDATE, K.DELETE): _deletion_vector_variants(K.UPDATE, K.DELETE),
+    (K.UPDATE, K.DELETE): [
+        *_deletion_vector_variants(K.UPDATE, K.DELETE),
+        *_column_rewrite_variants(
+            _delete(with_deletion(F[0], 21)), _delete(with_deletion(F[1], 21))
+        ),
+    ],
     (K.UPDATE, K.UPDATE): [
         *_deletion_vector_variants(K.UPDATE, K.UPDATE),
+        *_column_rewrite_variants(
+            _update(with_deletion(F[0], 22), new=(fragment(0, data_file("u.lance", (0, 1))),)),
+            _update(with_deletion(F[1], 22), new=(fragment(0, data_file("u.lance", (0, 1))),)),
+        ),
         Variant(
             "merge-inserts that may have inserted the same key",
             R,
@@ -987,13 +1043,22 @@ VARIANTS: dict[tuple[OperationKind, OperationKind], list[Variant]] = {
         ),
         Variant(
             "both remove the same config key",
+            C,
+            "divergence: from the spec's wording ('only if the two operations modify the same "
+            "config', which would make it N), not from Lance: lancetx follows Lance "
+            "(test_conflicts C; upsert_key_conflict ignores delete/delete) because two removals "
+            "of one key commute -- either order leaves the key absent -- so both land",
+            UpdateConfig(config_updates=update_map({"remove-key": None})),
+            UpdateConfig(config_updates=update_map({"remove-key": None})),
+        ),
+        Variant(
+            "both remove the same key, one also sets another the other removes",
             N,
-            "divergence: Lance test_conflicts says C (deleting a key twice is idempotent); spec "
-            "says N ('only if the two operations modify the same config') because removing a key "
-            "modifies it",
-            UpdateConfig(config_updates=update_map({"remove-key": None})),
-            UpdateConfig(config_updates=update_map({"remove-key": None})),
-            lance_now="C (upsert_key_conflict ignores delete/delete)",
+            _spec(
+                K.UPDATE_CONFIG, K.UPDATE_CONFIG, "a set and a removal of one key do not commute"
+            ),
+            UpdateConfig(config_updates=update_map({"remove-key": None, "k2": "v"})),
+            UpdateConfig(config_updates=update_map({"remove-key": None, "k2": None})),
         ),
         Variant(
             "one replaces the whole config map",
@@ -1406,15 +1471,9 @@ LANCE_TEST_CONFLICTS: list[LanceRow] = [
         "UCfg delete remove-key",
         _lance_update_config(delete=["remove-key"]),
         "C C C C C C C C C",
-        divergences={
-            "Ovw": _OVERWRITE_VS_UPDATE_CONFIG,
-            "UCfg": (
-                "N",
-                "divergence: Lance test_conflicts says C (both delete remove-key, idempotent); "
-                "spec says N ('UpdateConfig (only if the two operations modify the same "
-                "config)') because removing a key modifies it",
-            ),
-        },
+        # UCfg: C as Lance says (both delete remove-key: removals commute); the
+        # 225 matrix marks this as a divergence from the spec's wording.
+        divergences={"Ovw": _OVERWRITE_VS_UPDATE_CONFIG},
     ),
     LanceRow(
         "UCfg delete lance.test",

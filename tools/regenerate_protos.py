@@ -2,8 +2,11 @@
 
 Usage (from the repository root, with the dev venv):
 
-    .venv/bin/python protos/regenerate.py          # rewrite the generated files
-    .venv/bin/python protos/regenerate.py --check  # exit 1 if they are stale
+    .venv/bin/python tools/regenerate_protos.py          # rewrite the generated files
+    .venv/bin/python tools/regenerate_protos.py --check  # exit 1 if they are stale
+
+It lives outside ``protos/`` so the wheel does not ship it; it needs the
+``lancetx[protos]`` extra (part of ``dev``).
 
 Runs ``python -m grpc_tools.protoc`` (protoc bundled with grpcio-tools) with
 ``--python_out`` and ``--mypy_out`` (mypy-protobuf's protoc-gen-mypy, taken
@@ -36,7 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROTO_DIR = Path(__file__).resolve().parent
+#: The folder holding the .proto sources and the generated modules (``--proto-dir``).
+PROTO_DIR = Path(__file__).resolve().parent.parent / "protos"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi")
 
 
@@ -143,7 +147,9 @@ def check() -> int:
         print("Generated protobuf code is out of date with protos/*.proto:", file=sys.stderr)
         for line in problems:
             print(f"  {line}", file=sys.stderr)
-        print("Run `make protos` (or python protos/regenerate.py) and commit.", file=sys.stderr)
+        print(
+            "Run `make protos` (or python tools/regenerate_protos.py) and commit.", file=sys.stderr
+        )
         return 1
     print(f"protos up to date ({len(expected)} generated files)")
     return 0
@@ -169,6 +175,7 @@ def regenerate() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global PROTO_DIR
     parser = argparse.ArgumentParser(
         description="Regenerate protos/*_pb2.py and *_pb2.pyi from protos/*.proto."
     )
@@ -177,7 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="regenerate into a temp dir and fail if protos/ differs",
     )
+    parser.add_argument(
+        "--proto-dir",
+        type=Path,
+        default=PROTO_DIR,
+        help="folder with the .proto sources and generated modules (default: protos/)",
+    )
     args = parser.parse_args(argv)
+    PROTO_DIR = args.proto_dir.resolve()
     return check() if args.check else regenerate()
 
 

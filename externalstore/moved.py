@@ -1,0 +1,74 @@
+"""The record that a table left DynamoDB for S3's own conditional PUT.
+
+``lancetx-sync migrate-to-conditional-put`` writes it once the bucket honours
+``If-None-Match`` and every version is finalized. From then on writers commit
+through ``s3://``; a lancetx writer still using ``s3+ddb://`` would claim
+versions the ``s3://`` writers never see, so opening the table that way is
+refused with :class:`TableMovedError`.
+
+The record is an item under its own hash key (``__lancetx_moved__/{base_uri}``,
+version 0), which pylance never queries.
+"""
+
+from __future__ import annotations
+
+from lancetx.commit.errors import LancetxError
+from lancetx.externalstore.base import ExternalManifestStore, ManifestEntry
+from lancetx.externalstore.errors import EntryNotFoundError
+
+#: Prefix of the hash key of a moved-table record.
+MOVED_PREFIX = "__lancetx_moved__/"
+#: ``committer`` of the record; its ``path`` is the table's new ``s3://`` URI.
+MOVED_COMMITTER = "lancetx-sync migrate-to-conditional-put"
+
+
+class TableMovedError(LancetxError):
+    """The table was migrated to ``s3://`` (conditional PUT); ``s3+ddb://`` commits are refused."""
+
+    def __init__(self, base_uri: str, table: str, new_uri: str) -> None:
+        self.base_uri = base_uri
+        self.new_uri = new_uri
+        super().__init__(
+            f"table {base_uri!r} was migrated off DynamoDB table {table!r} to S3's conditional "
+            f"PUT; open it as {new_uri!r} (drop ?ddbTableName= and the dynamodb_* options). "
+            "Committing through s3+ddb:// now would claim versions that s3:// writers never see"
+        )
+
+
+def moved_key(base_uri: str) -> str:
+    """The hash key of ``base_uri``'s moved-table record."""
+    return MOVED_PREFIX + base_uri
+
+
+def moved_record(entries: ExternalManifestStore, base_uri: str) -> ManifestEntry | None:
+    """The moved-table record of ``base_uri`` (one consistent GetItem), or None."""
+    try:
+        return entries.get(moved_key(base_uri), 0)
+    except EntryNotFoundError:
+        return None
+
+
+def record_moved(entries: ExternalManifestStore, base_uri: str, new_uri: str) -> None:
+    """Record that ``base_uri`` now lives at ``new_uri`` (idempotent)."""
+    entries.put_if_not_exists(
+        ManifestEntry(
+            base_uri=moved_key(base_uri), version=0, path=new_uri, committer=MOVED_COMMITTER
+        )
+    )
+
+
+def check_not_moved(entries: ExternalManifestStore, base_uri: str, table: str) -> None:
+    """Raise TableMovedError if ``base_uri`` was migrated to conditional PUT."""
+    record = moved_record(entries, base_uri)
+    if record is not None:
+        raise TableMovedError(base_uri, table, record.path)
+
+
+__all__ = [
+    "MOVED_PREFIX",
+    "TableMovedError",
+    "check_not_moved",
+    "moved_key",
+    "moved_record",
+    "record_moved",
+]

@@ -1,0 +1,329 @@
+"""Atomic commits to several tables: every new version claimed in one write.
+
+:func:`commit_many` publishes one transaction per table so that readers see
+all of the new versions or none. It is the four-step protocol of
+:mod:`lancetx.externalstore.protocol` with step 2 shared by all tables:
+
+1. **Prepare** each table with the ordinary commit loop
+   (:func:`~lancetx.commit.engine.committer.commit_transaction`: conflict checks
+   against versions committed since the transaction's read version, rebase,
+   manifest build, transaction file), through a handler whose ``commit`` only
+   *stages* the manifest (:func:`~lancetx.externalstore.protocol.stage_steps`).
+2. **Claim** every staged version in one DynamoDB ``TransactWriteItems`` with
+   Lance's condition on each item
+   (:func:`~lancetx.externalstore.protocol.claim_all_steps`): all versions or
+   none. This is the only commit point.
+3. **Finalize** each table (:func:`~lancetx.externalstore.protocol.finalize_steps`:
+   copy to the final name, flip the item). A failure here is logged, not
+   raised: the versions are committed, and any reader finishes them, as for a
+   single-table commit.
+
+Readers that resolve versions through DynamoDB (lancetx, pylance
+``s3+ddb://``) see every claimed version at once: a reader finding a staged
+item finalizes it. (A reader that only lists the object store may see some
+tables one commit behind until they are finalized, as the spec allows.)
+
+A lost claim (another writer took one of the versions) writes nothing: the
+round's staged manifests, transaction files and merged deletion files are
+removed. A table with an expected version then fails with
+ExpectedVersionMismatchError naming it; otherwise every table is prepared
+again on its new latest version (its conflicts checked again) and claimed
+again, within the retry policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid as uuidlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lancetx.commit.engine.committer import CommitOptions, Committed, commit_transaction
+from lancetx.commit.engine.operations import Transaction
+from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.errors import (
+    ExpectedVersionMismatchError,
+    InvalidCommitError,
+    LancetxError,
+    RetriesExhaustedError,
+)
+from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.naming import NamingScheme, transaction_key
+from lancetx.commit.handlers.interface import CommitHandler, CommitStateUnknownError
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.externalstore.base import ExternalManifestStore
+from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+from lancetx.externalstore.connect import TableConnection
+from lancetx.externalstore.dynamodb import MAX_TRANSACT_ITEMS
+from lancetx.externalstore.errors import TablesNotColocatedError, VersionsAlreadyExistError
+from lancetx.externalstore.protocol import (
+    Staged,
+    Table,
+    claim_all_steps,
+    finalize_steps,
+    location_of,
+    run,
+    stage_steps,
+)
+
+__all__ = ["TableCommit", "commit_many"]
+
+log = logging.getLogger(__name__)
+
+#: Rounds (prepare + claim) before giving up when other writers keep winning.
+DEFAULT_RETRY = RetryPolicy(max_attempts=20, base_delay=0.01, max_delay=1.0)
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """One table's part of a multi-table commit.
+
+    ``expected_version``: commit only if the table is still at this version
+    (strict mode; no rebase). ``options`` carry the commit message and
+    properties; their ``expected_version`` is ignored in favour of the field.
+    """
+
+    connection: TableConnection
+    transaction: Transaction
+    expected_version: int | None = None
+    options: CommitOptions = field(default_factory=CommitOptions)
+
+    @property
+    def uri(self) -> str:
+        return self.connection.uri
+
+
+class _StagingHandler(CommitHandler):
+    """A handler whose ``commit`` stages the manifest instead of claiming it:
+    the claim happens later, for every table at once. Reads go to the table's
+    own handler (which finalizes a staged parent as usual)."""
+
+    def __init__(self, inner: ExternalStoreCommitHandler) -> None:
+        self.inner = inner
+        self.store = inner.store
+        self.staged: Staged | None = None
+
+    def resolve_latest(self, base: str) -> ManifestLocation | None:
+        return self.inner.resolve_latest(base)
+
+    def resolve_version(self, base: str, version: int) -> ManifestLocation:
+        return self.inner.resolve_version(base, version)
+
+    def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
+        return self.inner.list_versions(base, since)
+
+    def commit(
+        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+    ) -> ManifestLocation:
+        staged = run(
+            stage_steps(_table(base), version, scheme, manifest, committer=self.inner.committer),
+            self.inner.store,
+            self.inner.entries,
+        )
+        self.staged = staged
+        return location_of(staged.table, staged.entry)
+
+
+@dataclass
+class _Prepared:
+    commit: TableCommit
+    handler: ExternalStoreCommitHandler
+    staged: Staged
+    done: Committed
+
+
+def _table(base: str) -> Table:
+    # Lance's convention: the external store's base_uri is the path inside the bucket.
+    return Table(base_uri=base, base_key=base)
+
+
+def _handler(commit: TableCommit) -> ExternalStoreCommitHandler:
+    handler = commit.connection.handler
+    if not isinstance(handler, ExternalStoreCommitHandler):
+        raise TablesNotColocatedError({commit.uri: _where(handler)})
+    return handler
+
+
+def _where(handler: CommitHandler) -> str:
+    if isinstance(handler, ExternalStoreCommitHandler):
+        target = getattr(handler.entries, "target", None)
+        if target is not None:
+            return f"DynamoDB table {target.table!r} ({target.location})"
+        return f"{type(handler.entries).__name__}"
+    return f"the object store itself ({type(handler).__name__}, no DynamoDB table)"
+
+
+def _store_key(entries: ExternalManifestStore) -> object:
+    """What identifies the place versions are claimed: DynamoDB table, region, endpoint."""
+    target = getattr(entries, "target", None)
+    if target is not None:
+        return (type(entries).__name__, target.table, target.region, target.endpoint)
+    return id(entries)
+
+
+def _validate(commits: Sequence[TableCommit]) -> list[ExternalStoreCommitHandler]:
+    if not commits:
+        raise ValueError("commit_many needs at least one table")
+    if len(commits) > MAX_TRANSACT_ITEMS:
+        raise InvalidCommitError(
+            ", ".join(c.uri for c in commits[:3]) + ", ...",
+            f"{len(commits)} tables in one atomic commit; DynamoDB claims at most "
+            f"{MAX_TRANSACT_ITEMS} versions in one TransactWriteItems",
+        )
+    handlers = [c.connection.handler for c in commits]
+    keys = {
+        _store_key(h.entries) if isinstance(h, ExternalStoreCommitHandler) else None
+        for h in handlers
+    }
+    if None in keys or len(keys) > 1:
+        raise TablesNotColocatedError({c.uri: _where(c.connection.handler) for c in commits})
+    bases: dict[str, str] = {}
+    for c in commits:
+        if c.connection.base in bases:
+            raise InvalidCommitError(
+                c.uri,
+                f"the table appears twice (also as {bases[c.connection.base]!r}); give each table "
+                "one transaction",
+            )
+        bases[c.connection.base] = c.uri
+    return [_handler(c) for c in commits]
+
+
+def commit_many(
+    commits: Sequence[TableCommit], *, retry: RetryPolicy = DEFAULT_RETRY
+) -> list[Committed]:
+    """Commit one transaction per table, atomically: all new versions or none.
+
+    Returns the committed versions in the order given (each ``Committed`` holds
+    the transaction as committed, after any rebase). Raises
+    TablesNotColocatedError (the tables' versions are not claimed in one
+    DynamoDB table), ExpectedVersionMismatchError (a table with an expected
+    version has moved; it names the table, expected and actual version),
+    RetryableConflictError / IncompatibleConflictError (from one table's
+    conflict checks), RetriesExhaustedError, or CommitStateUnknownError (the
+    claim may have landed; staged manifests are kept). In every case but the
+    last nothing stays written.
+    """
+    handlers = _validate(commits)
+    claimer = handlers[0]
+    for attempt in range(1, retry.max_attempts + 1):
+        started = time.perf_counter()
+        prepared = _prepare(commits, handlers)
+        claims = [p.staged for p in prepared]
+        try:
+            run(
+                claim_all_steps(claims, request_token=str(uuidlib.uuid4())),
+                claimer.store,
+                claimer.entries,
+            )
+        except VersionsAlreadyExistError as lost:
+            # Staged manifests are already deleted; remove what the round wrote.
+            _discard(prepared)
+            _raise_if_expected(prepared, lost)
+            log.info(
+                "multi-table commit lost round %d to another writer (%s); preparing again",
+                attempt,
+                lost,
+            )
+            # A lost claim names the winner: wait a random part of one round only.
+            time.sleep(retry.delay(attempt, (time.perf_counter() - started) / 4))
+            continue
+        except CommitStateUnknownError:
+            raise  # the claim may have landed: keep everything
+        except LancetxError:
+            _discard(prepared, staged_too=True)
+            raise
+        return [_finalize(p, attempt) for p in prepared]
+    last = commits[0]
+    raise RetriesExhaustedError(
+        ", ".join(c.uri for c in commits), last.transaction.uuid, retry.max_attempts, 0
+    )
+
+
+def _prepare(
+    commits: Sequence[TableCommit], handlers: Sequence[ExternalStoreCommitHandler]
+) -> list[_Prepared]:
+    prepared: list[_Prepared] = []
+    try:
+        for commit, handler in zip(commits, handlers, strict=True):
+            stager = _StagingHandler(handler)
+            options = dataclasses.replace(commit.options, expected_version=commit.expected_version)
+            try:
+                done = commit_transaction(
+                    stager, commit.connection.base, commit.transaction, options=options
+                )
+            except ExpectedVersionMismatchError as moved:
+                # Name the table as the caller did (its s3+ddb:// URI).
+                raise ExpectedVersionMismatchError(
+                    commit.uri, moved.expected, moved.actual
+                ) from None
+            assert stager.staged is not None
+            prepared.append(_Prepared(commit, handler, stager.staged, done))
+    except BaseException:
+        _discard(prepared, staged_too=True)
+        raise
+    return prepared
+
+
+def _raise_if_expected(prepared: Sequence[_Prepared], lost: VersionsAlreadyExistError) -> None:
+    for p in prepared:
+        if p.commit.expected_version is not None and p.staged.table.base_uri in lost.taken:
+            latest = p.handler.resolve_latest(p.commit.connection.base)
+            actual = latest.version if latest is not None else p.staged.entry.version
+            raise ExpectedVersionMismatchError(p.commit.uri, p.commit.expected_version, actual)
+
+
+def _finalize(p: _Prepared, attempt: int) -> Committed:
+    try:
+        entry = run(
+            finalize_steps(p.staged.table, p.staged.entry, staged_etag=p.staged.etag),
+            p.handler.store,
+            p.handler.entries,
+        )
+        location = location_of(p.staged.table, entry)
+    except LancetxError as exc:
+        log.warning(
+            "version %d of %s is committed (with the other tables) but finalizing it failed "
+            "(%s); readers will finish it",
+            p.staged.entry.version,
+            p.commit.uri,
+            exc,
+        )
+        location = location_of(p.staged.table, p.staged.entry)
+    return Committed(location, p.done.manifest, p.done.transaction, attempt)
+
+
+def _discard(prepared: Sequence[_Prepared], *, staged_too: bool = False) -> None:
+    """Remove what a round wrote for tables that were not committed: the
+    transaction file, deletion files a rebase merged, and (if asked) the staged
+    manifest."""
+    for p in prepared:
+        store = p.handler.store
+        base = p.commit.connection.base
+        keys = [transaction_key(base, p.done.manifest.manifest.transaction_file)]
+        keys += sorted(
+            _deletion_keys(base, p.done.transaction) - _deletion_keys(base, p.commit.transaction)
+        )
+        if staged_too:
+            keys.append(p.staged.entry.path)
+        _delete_quietly(store, keys)
+
+
+def _deletion_keys(base: str, txn: Transaction) -> set[str]:
+    fragments = getattr(txn.operation, "updated_fragments", ())
+    return {
+        deletion_file_key(base, f.id, f.deletion_file)
+        for f in fragments
+        if f.HasField("deletion_file")
+    }
+
+
+def _delete_quietly(store: ObjectStore, keys: Sequence[str]) -> None:
+    for key in keys:
+        try:
+            store.delete(key)
+        except LancetxError as exc:  # an orphan is harmless: nothing references it
+            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)

@@ -1,0 +1,216 @@
+"""The lancetx schema version of a DynamoDB manifest table, kept in a reserved item.
+
+The item's key is ``base_uri = "__lancetx_schema__"``, ``version = 0``: no
+table path can be that string's table (pylance queries only the keys of the
+tables it opens), so pylance never reads it. Its ``schema_version`` (N) says
+which lancetx layout the items follow. ``lancetx-sync create-table`` stamps a
+new table; opening a store checks the stamp once per process (one GetItem,
+cached with the table's validation) and refuses a store stamped by a newer
+lancetx, whose items this release may misread.
+
+A table without a stamp (created by pylance, the AWS CLI or an older lancetx)
+is layout 1 and works as is; :func:`migrate` stamps it. Migrations are
+idempotent steps from one layout to the next, one ``match`` arm each.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from lancetx.commit.errors import LancetxError
+from lancetx.externalstore.dynamodb import (
+    ApiCall,
+    Plan,
+    PlanContext,
+    call_plan,
+    run_plan,
+    target_of,
+)
+
+#: The reserved item's hash key.
+STAMP_BASE_URI = "__lancetx_schema__"
+#: The reserved item's range key.
+STAMP_VERSION = 0
+#: The attribute holding the layout number.
+SCHEMA_ATTRIBUTE = "schema_version"
+#: The layout this release writes and reads.
+CURRENT_SCHEMA_VERSION = 1
+
+_CHECKED: dict[tuple[str | None, str | None, str], int | None] = {}
+_LOCK = threading.Lock()
+
+
+class StoreSchemaTooNewError(LancetxError):
+    """The DynamoDB table was stamped by a newer lancetx than this one."""
+
+    def __init__(self, table: str, found: int, supported: int) -> None:
+        self.table = table
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"DynamoDB table {table!r} uses lancetx store layout {found}, but this lancetx "
+            f"understands layouts up to {supported}; upgrade lancetx (pip install -U lancetx) "
+            "on this machine before reading or writing tables in it"
+        )
+
+
+def stamp_key() -> dict[str, Any]:
+    """The primary key of the stamp item."""
+    return {"base_uri": {"S": STAMP_BASE_URI}, "version": {"N": str(STAMP_VERSION)}}
+
+
+def read_stamp_plan(ctx: PlanContext) -> Plan[int | None]:
+    """The stamped layout (consistent GetItem), as a plan for either driver; None if unstamped."""
+    params = {"TableName": ctx.table, "Key": stamp_key(), "ConsistentRead": True}
+    response = yield from call_plan(ctx, ApiCall("GetItem", params))
+    item = response.get("Item") or {}
+    raw = item.get(SCHEMA_ATTRIBUTE, {}).get("N")
+    return int(raw) if raw is not None else None
+
+
+def read_stamp(client: Any, table: str) -> int | None:
+    """The stamped layout of ``table`` (consistent GetItem); None if unstamped."""
+    return run_plan(client, read_stamp_plan(PlanContext(target_of(client, table))))
+
+
+def write_stamp(client: Any, table: str, schema_version: int) -> None:
+    """Stamp ``table`` with ``schema_version``; never lowers an existing stamp."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from lancetx.externalstore.errors import CONDITION_FAILED_CODE, error_code, translate_error
+
+    try:
+        client.put_item(
+            TableName=table,
+            Item={
+                **stamp_key(),
+                # pylance never reads this item, but a path keeps item parsers
+                # (ours included) from calling it malformed.
+                "path": {"S": STAMP_BASE_URI},
+                SCHEMA_ATTRIBUTE: {"N": str(schema_version)},
+            },
+            ConditionExpression="attribute_not_exists(#s) OR #s <= :v",
+            ExpressionAttributeNames={"#s": SCHEMA_ATTRIBUTE},
+            ExpressionAttributeValues={":v": {"N": str(schema_version)}},
+        )
+    except (ClientError, BotoCoreError) as exc:
+        if error_code(exc) == CONDITION_FAILED_CODE:
+            return  # stamped newer meanwhile: never lower it
+        raise translate_error(exc, target_of(client, table), "PutItem") from exc
+
+
+def _cache_key(client: Any, table: str) -> tuple[str | None, str | None, str]:
+    meta = getattr(client, "meta", None)
+    return (getattr(meta, "endpoint_url", None), getattr(meta, "region_name", None), table)
+
+
+def _refuse_newer(table: str, found: int | None) -> int | None:
+    if found is not None and found > CURRENT_SCHEMA_VERSION:
+        raise StoreSchemaTooNewError(table, found, CURRENT_SCHEMA_VERSION)
+    return found
+
+
+def check_stamp(client: Any, table: str) -> int | None:
+    """Refuse a store stamped by a newer lancetx (one read per table per process).
+
+    Returns the stamped layout (None if unstamped). Raises StoreSchemaTooNewError.
+    """
+    key = _cache_key(client, table)
+    with _LOCK:
+        cached = key in _CHECKED
+        found = _CHECKED.get(key)
+    if not cached:
+        found = read_stamp(client, table)
+        with _LOCK:
+            _CHECKED[key] = found
+    return _refuse_newer(table, found)
+
+
+async def check_stamp_async(client: Any, table: str) -> int | None:
+    """:func:`check_stamp` with an aiobotocore client."""
+    from lancetx.externalstore.dynamodb_async import run_plan_async
+
+    key = _cache_key(client, table)
+    with _LOCK:
+        cached = key in _CHECKED
+        found = _CHECKED.get(key)
+    if not cached:
+        found = await run_plan_async(client, read_stamp_plan(PlanContext(target_of(client, table))))
+        with _LOCK:
+            _CHECKED[key] = found
+    return _refuse_newer(table, found)
+
+
+def clear_stamp_cache() -> None:
+    """Forget every checked stamp (tests; after a migration)."""
+    with _LOCK:
+        _CHECKED.clear()
+
+
+@dataclass(frozen=True)
+class MigrationStep:
+    """One applied (or, in a dry run, planned) step from layout ``source`` to ``target``."""
+
+    source: int
+    target: int
+    description: str
+
+
+def migrate(
+    client: Any, table: str, *, target: int = CURRENT_SCHEMA_VERSION, dry_run: bool = False
+) -> list[MigrationStep]:
+    """Bring ``table`` to layout ``target`` one step at a time; idempotent.
+
+    Raises StoreSchemaTooNewError when the table is newer than this release.
+    """
+    current = read_stamp(client, table)
+    level = 0 if current is None else current
+    if level > CURRENT_SCHEMA_VERSION:
+        raise StoreSchemaTooNewError(table, level, CURRENT_SCHEMA_VERSION)
+    steps: list[MigrationStep] = []
+    while level < target:
+        step = _step(level)
+        if not dry_run:
+            _apply(client, table, step)
+        steps.append(step)
+        level = step.target
+    clear_stamp_cache()
+    return steps
+
+
+def _step(level: int) -> MigrationStep:
+    match level:
+        case 0:
+            return MigrationStep(
+                0, 1, "stamp layout 1 (Lance's items; lancetx adds commit_token and bucket)"
+            )
+        case _:
+            raise ValueError(f"no migration from store layout {level}")
+
+
+def _apply(client: Any, table: str, step: MigrationStep) -> None:
+    match step.source:
+        case 0:
+            # Layout 1 is Lance's own item layout: nothing to rewrite, only the stamp.
+            write_stamp(client, table, step.target)
+        case _:
+            raise ValueError(f"no migration from store layout {step.source}")
+
+
+__all__ = [
+    "CURRENT_SCHEMA_VERSION",
+    "SCHEMA_ATTRIBUTE",
+    "STAMP_BASE_URI",
+    "STAMP_VERSION",
+    "MigrationStep",
+    "StoreSchemaTooNewError",
+    "check_stamp",
+    "check_stamp_async",
+    "clear_stamp_cache",
+    "migrate",
+    "read_stamp",
+    "read_stamp_plan",
+    "write_stamp",
+]

@@ -1,0 +1,5 @@
+"""``python -m lancetx.cli``."""
+
+from lancetx.cli.app import main
+
+main()

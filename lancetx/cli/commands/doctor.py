@@ -1,0 +1,51 @@
+"""``lancetx-sync doctor URI``."""
+
+from __future__ import annotations
+
+import typer
+
+from lancetx.cli.options import TABLE, DryRun, JsonOutput, StorageOptions, UriArg, example
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        epilog=example(
+            f"lancetx-sync doctor {TABLE}", f"lancetx-sync doctor {TABLE} --dry-run --json"
+        )
+    )
+    def doctor(
+        uri: UriArg,
+        dry_run: DryRun = False,
+        storage_option: StorageOptions = None,
+        json: JsonOutput = False,
+    ) -> None:
+        """Check the setup: DynamoDB key schema and layout stamp, every permission lancetx
+        uses (probed; each ok or denied), whether the bucket honours If-None-Match,
+        clock skew, and another bucket's table sharing this path and DynamoDB table.
+        Probes write and delete small objects/items; --dry-run skips them."""
+        from lancetx.cli.output import (
+            FINDINGS,
+            emit_json,
+            handled,
+            parse_storage_options,
+            stdout_console,
+            table,
+        )
+        from lancetx.ops.doctor import run_doctor
+        from lancetx.ops.table import open_table
+
+        options = parse_storage_options(storage_option)
+        with handled("doctor", json):
+            report = run_doctor(open_table(uri, options, validate=False), probe_writes=not dry_run)
+        if json:
+            emit_json("doctor", report)
+        else:
+            stdout_console().print(
+                table(
+                    f"doctor {report.uri}",
+                    ["check", "status", "detail", "fix"],
+                    [[c.name, c.status, c.detail, c.fix] for c in report.checks],
+                )
+            )
+        if not report.ok:
+            raise typer.Exit(FINDINGS)

@@ -1,0 +1,86 @@
+"""``lancetx-sync gc URI --older-than 7d``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from lancetx.cli.options import TABLE, JsonOutput, StorageOptions, UriArg, example
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        epilog=example(
+            f"lancetx-sync gc {TABLE} --older-than 7d            # dry run: what and how many bytes",
+            f"lancetx-sync gc {TABLE} --older-than 7d --delete",
+        )
+    )
+    def gc(
+        uri: UriArg,
+        older_than: Annotated[
+            str,
+            typer.Option(
+                "--older-than",
+                help="Only objects older than this (7d, 12h, 30m, 45s). It must exceed how "
+                "long a writer may take between writing a file and committing it.",
+            ),
+        ] = "7d",
+        delete: Annotated[
+            bool, typer.Option("--delete", help="Delete (the default is a dry run).")
+        ] = False,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Only report (the default).")
+        ] = False,
+        storage_option: StorageOptions = None,
+        json: JsonOutput = False,
+    ) -> None:
+        """Delete orphan staged manifests, transaction files of failed attempts, and data
+        and deletion files no version references (failed Spark tasks), older than the
+        threshold. Dry run unless --delete; never deletes what a version committed
+        after the scan started references."""
+        from lancetx.cli.output import (
+            FINDINGS,
+            emit_json,
+            fail,
+            handled,
+            parse_storage_options,
+            progress,
+            stdout_console,
+            table,
+        )
+        from lancetx.ops.gc import collect_garbage, parse_age
+        from lancetx.ops.table import open_table
+
+        options = parse_storage_options(storage_option)
+        try:
+            age = parse_age(older_than)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--older-than") from None
+        if delete and dry_run:
+            fail("--delete and --dry-run exclude each other", as_json=json, command="gc")
+        labels = {"list": "listing objects", "read": "reading manifests", "delete": "deleting"}
+        with handled("gc", json), progress(json, labels) as bar:
+            report = collect_garbage(
+                open_table(uri, options), older_than=age, dry_run=not delete, progress=bar
+            )
+        if json:
+            emit_json("gc", report)
+        else:
+            console = stdout_console()
+            if report.candidates:
+                console.print(
+                    table(
+                        "Would delete" if report.dry_run else "Deleted",
+                        ["kind", "key", "bytes", "last modified"],
+                        [[c.kind, c.key, c.size, c.last_modified] for c in report.candidates],
+                    )
+                )
+            console.print(
+                f"{len(report.candidates)} object(s), {report.bytes_reclaimable} bytes "
+                + ("reclaimable (dry run; add --delete)" if report.dry_run else "reclaimed")
+            )
+            for error in report.errors:
+                console.print(f"[red]not deleted[/]: {error}")
+        if not report.ok:
+            raise typer.Exit(FINDINGS)

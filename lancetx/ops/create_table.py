@@ -1,0 +1,98 @@
+"""``lancetx-sync create-table NAME``: a DynamoDB manifest table, stamped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.externalstore.dynamodb import create_table, create_table_request, target_of
+from lancetx.externalstore.errors import error_code, translate_error
+from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, migrate
+
+
+@dataclass(frozen=True)
+class CreateTableReport:
+    table: str
+    dry_run: bool
+    created: bool
+    status: str | None
+    arn: str | None
+    billing_mode: str
+    point_in_time_recovery: bool
+    tags: dict[str, str] = field(default_factory=dict)
+    schema_version: int = CURRENT_SCHEMA_VERSION
+    request: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+
+def create_manifest_table(
+    client: Any,
+    name: str,
+    *,
+    read_capacity: int | None = None,
+    write_capacity: int | None = None,
+    tags: dict[str, str] | None = None,
+    point_in_time_recovery: bool = False,
+    timeout: float = 300.0,
+    dry_run: bool = False,
+) -> CreateTableReport:
+    """Create ``name`` in Lance's layout (on-demand unless capacities are given),
+    wait for ACTIVE, optionally enable PITR, and stamp the lancetx store layout.
+    An existing table of the right layout is accepted (and stamped)."""
+    request = create_table_request(name)
+    if read_capacity is not None or write_capacity is not None:
+        request["BillingMode"] = "PROVISIONED"
+        request["ProvisionedThroughput"] = {
+            "ReadCapacityUnits": read_capacity or 5,
+            "WriteCapacityUnits": write_capacity or 5,
+        }
+    if tags:
+        request["Tags"] = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+    billing = str(request["BillingMode"])
+    if dry_run:
+        return CreateTableReport(
+            name,
+            True,
+            False,
+            None,
+            None,
+            billing,
+            point_in_time_recovery,
+            tags or {},
+            request=request,
+        )
+    target = target_of(client, name)
+    created = True
+    try:
+        client.create_table(**request)
+    except (ClientError, BotoCoreError) as exc:
+        if error_code(exc) != "ResourceInUseException":
+            raise translate_error(exc, target, "CreateTable") from exc
+        created = False
+    # Waits for ACTIVE and validates the key schema (its own CreateTable finds ours).
+    info = create_table(client, name, wait=True, timeout=timeout)
+    if point_in_time_recovery:
+        try:
+            client.update_continuous_backups(
+                TableName=name,
+                PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise translate_error(exc, target, "UpdateContinuousBackups") from exc
+    migrate(client, name)
+    return CreateTableReport(
+        name,
+        False,
+        created,
+        info.status,
+        info.arn,
+        billing,
+        point_in_time_recovery,
+        tags or {},
+        request=request,
+    )

@@ -1,0 +1,239 @@
+"""What a table holds: its DynamoDB items, its manifests, and the files they reference.
+
+Shared by every operator command. Listing is paginated (the store lists
+lazily) and the table's folders are listed in parallel; manifests are read in
+parallel. A ``progress`` callback hears about every listed object and every
+read manifest, so a caller can draw a bar without knowing the details.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
+
+from lancetx.commit.errors import LancetxError, ObjectNotFoundError
+from lancetx.commit.format import naming
+from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.listing import versions_prefix
+from lancetx.commit.format.manifest import ManifestFile, read_manifest
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.objectstore import ObjectMeta
+from lancetx.externalstore.base import ManifestEntry
+from lancetx.ops.table import OpsTable
+from lancetx.protos import table_pb2
+
+#: Parallel requests for listing folders and reading manifests.
+PARALLELISM = 8
+
+#: ``progress(kind, advance)``: ``kind`` is "list" (objects listed) or "read" (manifests read).
+Progress = Callable[[str, int], None]
+
+
+def no_progress(kind: str, advance: int) -> None:
+    del kind, advance
+
+
+@dataclass(frozen=True)
+class StagedObject:
+    """A ``_versions/{final}-{uuid}`` object."""
+
+    key: str
+    version: int
+    scheme: NamingScheme
+    token: str
+    meta: ObjectMeta
+
+
+@dataclass
+class VersionsListing:
+    """``_versions/`` of a table: final manifests by version, staged objects, the rest."""
+
+    finals: dict[int, ObjectMeta] = field(default_factory=dict)
+    schemes: dict[int, NamingScheme] = field(default_factory=dict)
+    staged: list[StagedObject] = field(default_factory=list)
+
+    def staged_of(self, version: int) -> list[StagedObject]:
+        return [s for s in self.staged if s.version == version]
+
+    @property
+    def scheme(self) -> NamingScheme | None:
+        return next(iter(self.schemes.values()), None)
+
+
+def list_versions_folder(table: OpsTable, progress: Progress = no_progress) -> VersionsListing:
+    """List ``_versions/`` once (paginated)."""
+    prefix = versions_prefix(table.base)
+    out = VersionsListing()
+    for meta in table.store.list(prefix):
+        progress("list", 1)
+        name = meta.key[len(prefix) :]
+        if "/" in name:
+            continue
+        parsed = naming.parse_manifest_name(name)
+        if parsed is not None:
+            out.finals[parsed[0]] = meta
+            out.schemes[parsed[0]] = parsed[1]
+            continue
+        staged = naming.parse_staged_name(name)
+        if staged is not None:
+            out.staged.append(
+                StagedObject(meta.key, staged.version, staged.scheme, staged.uuid, meta)
+            )
+    return out
+
+
+def list_prefixes(
+    table: OpsTable, folders: Sequence[str], progress: Progress = no_progress
+) -> dict[str, list[ObjectMeta]]:
+    """Every object under each of ``folders`` (relative to the table), listed in parallel."""
+
+    def one(folder: str) -> list[ObjectMeta]:
+        found: list[ObjectMeta] = []
+        for meta in table.store.list(naming.join(table.base, folder) + "/"):
+            found.append(meta)
+            progress("list", 1)
+        return found
+
+    with ThreadPoolExecutor(max_workers=min(PARALLELISM, max(1, len(folders)))) as pool:
+        return dict(zip(folders, pool.map(one, folders), strict=True))
+
+
+@dataclass(frozen=True)
+class LoadedVersion:
+    """A committed version's manifest as read from ``key``."""
+
+    version: int
+    key: str
+    manifest: ManifestFile
+
+
+def read_manifests(
+    table: OpsTable, keys: Iterable[tuple[int, str]], progress: Progress = no_progress
+) -> tuple[list[LoadedVersion], dict[int, str]]:
+    """Read the manifests at ``keys`` (version, key) in parallel.
+
+    Returns the loaded versions (ascending) and, per version that could not be
+    read, why (missing, undecodable).
+    """
+
+    def one(item: tuple[int, str]) -> LoadedVersion | tuple[int, str]:
+        version, key = item
+        try:
+            for attempt in _with_final(key):
+                try:
+                    return LoadedVersion(version, attempt, read_manifest(table.store, attempt))
+                except ObjectNotFoundError:
+                    continue
+            return version, f"manifest {table.store.uri(key)} is missing"
+        except LancetxError as exc:
+            return version, str(exc)
+        finally:
+            progress("read", 1)
+
+    loaded: list[LoadedVersion] = []
+    failed: dict[int, str] = {}
+    with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
+        for result in pool.map(one, list(keys)):
+            if isinstance(result, LoadedVersion):
+                loaded.append(result)
+            else:
+                failed[result[0]] = result[1]
+    loaded.sort(key=lambda lv: lv.version)
+    return loaded, failed
+
+
+def _with_final(key: str) -> list[str]:
+    """``key``, then for a staged manifest its final name: a finalizer running
+    beside us may copy it and delete the staged object between our listing and our read."""
+    folder, _, name = key.rpartition("/")
+    staged = naming.parse_staged_name(name)
+    if staged is None:
+        return [key]
+    return [key, f"{folder}/{staged.final_name}" if folder else staged.final_name]
+
+
+def committed_manifest_keys(
+    table: OpsTable, entries: Sequence[ManifestEntry], listing: VersionsListing
+) -> dict[int, str]:
+    """Where each committed version's manifest should be read from: the item's
+    path (staged or final) where there is an item, else the listed final manifest."""
+    keys = {version: meta.key for version, meta in listing.finals.items()}
+    for entry in entries:
+        if entry.is_staged and entry.version in listing.finals:
+            continue  # finalized copy exists: same bytes, and the staged one may vanish
+        keys[entry.version] = entry.path
+    return keys
+
+
+def data_file_keys(base: str, manifest: ManifestFile) -> dict[str, int | None]:
+    """Data files of ``manifest`` in this table (files in another base are not ours),
+    with their recorded sizes where the manifest has them."""
+    out: dict[str, int | None] = {}
+    for fragment in manifest.manifest.fragments:
+        for data_file in fragment.files:
+            if data_file.HasField("base_id"):
+                continue
+            size = data_file.file_size_bytes or None
+            out[naming.join(base, naming.DATA_DIR, data_file.path)] = size
+    return out
+
+
+def deletion_keys(base: str, manifest: ManifestFile) -> set[str]:
+    out: set[str] = set()
+    for fragment in manifest.manifest.fragments:
+        if fragment.HasField("deletion_file") and not fragment.deletion_file.HasField("base_id"):
+            out.add(deletion_file_key(base, fragment.id, fragment.deletion_file))
+    return out
+
+
+def transaction_key_of(base: str, manifest: ManifestFile) -> str | None:
+    name = manifest.manifest.transaction_file
+    return naming.transaction_key(base, name) if name else None
+
+
+def index_prefixes(base: str, manifest: ManifestFile) -> set[str]:
+    """``_indices/{uuid}/`` of each index of ``manifest``."""
+    import uuid as uuidlib
+
+    out: set[str] = set()
+    for index in manifest.indices or []:
+        if index.uuid.uuid:
+            name = str(uuidlib.UUID(bytes=bytes(index.uuid.uuid)))
+            out.add(naming.join(base, naming.INDICES_DIR, name) + "/")
+    return out
+
+
+def transaction_keys(base: str, txn: Message) -> set[str]:
+    """Data and deletion files a transaction names (every DataFragment in it, at any depth):
+    what its writer will reference once it commits."""
+    out: set[str] = set()
+    if isinstance(txn, table_pb2.DataFragment):
+        for data_file in txn.files:
+            if not data_file.HasField("base_id"):
+                out.add(naming.join(base, naming.DATA_DIR, data_file.path))
+        if txn.HasField("deletion_file") and not txn.deletion_file.HasField("base_id"):
+            with contextlib.suppress(LancetxError):
+                out.add(deletion_file_key(base, txn.id, txn.deletion_file))
+        return out
+    for field_descriptor, value in txn.ListFields():
+        if field_descriptor.message_type is None:
+            continue
+        if field_descriptor.message_type.GetOptions().map_entry:
+            continue
+        values = value if field_descriptor.is_repeated else [value]
+        for item in values:
+            out |= transaction_keys(base, item)
+    return out
+
+
+def referenced_keys(base: str, manifest: ManifestFile) -> set[str]:
+    """Every object of the table ``manifest`` needs (data, deletion and transaction files)."""
+    keys = set(data_file_keys(base, manifest)) | deletion_keys(base, manifest)
+    txn = transaction_key_of(base, manifest)
+    if txn is not None:
+        keys.add(txn)
+    return keys

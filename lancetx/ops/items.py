@@ -1,0 +1,65 @@
+"""Single-item DynamoDB requests the operator tools need and the commit path does not:
+read an item as stored, and delete one item only while it is what we looked at."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.externalstore.dynamodb import DynamoDBManifestStore, key_of, target_of
+from lancetx.externalstore.errors import CONDITION_FAILED_CODE, error_code, translate_error
+
+
+class ItemChangedError(Exception):
+    """The item no longer holds the path we looked at (someone changed it meanwhile)."""
+
+
+def raw_item(entries: DynamoDBManifestStore, base_uri: str, version: int) -> dict[str, Any] | None:
+    """The item as stored (every attribute, also ones lancetx does not know)."""
+    try:
+        response = entries.client.get_item(
+            TableName=entries.table_name, Key=key_of(base_uri, version), ConsistentRead=True
+        )
+    except (ClientError, BotoCoreError) as exc:
+        raise translate_error(
+            exc, target_of(entries.client, entries.table_name), "GetItem"
+        ) from exc
+    item = response.get("Item")
+    return dict(item) if item else None
+
+
+def delete_item_if_path(
+    entries: DynamoDBManifestStore, base_uri: str, version: int, path: str
+) -> None:
+    """Delete the item of ``version`` only while it still points at ``path``.
+
+    Raises ItemChangedError if it points elsewhere now (or is gone)."""
+    try:
+        entries.client.delete_item(
+            TableName=entries.table_name,
+            Key=key_of(base_uri, version),
+            ConditionExpression="#p = :p",
+            ExpressionAttributeNames={"#p": "path"},
+            ExpressionAttributeValues={":p": {"S": path}},
+        )
+    except (ClientError, BotoCoreError) as exc:
+        if error_code(exc) == CONDITION_FAILED_CODE:
+            raise ItemChangedError(f"version {version} of {base_uri!r} changed") from exc
+        raise translate_error(
+            exc, target_of(entries.client, entries.table_name), "DeleteItem"
+        ) from exc
+
+
+def save_backup(item: dict[str, Any], directory: str, table: str, version: int) -> str:
+    """Write ``item`` (DynamoDB JSON, as ``aws dynamodb put-item --item`` takes it)
+    to a new file in ``directory``; return its path."""
+    os.makedirs(directory, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = os.path.join(directory, f"lancetx-item-{table}-v{version}-{stamp}.json")
+    with open(path, "x", encoding="utf-8") as handle:
+        json.dump({"TableName": table, "Item": item}, handle, indent=2, sort_keys=True)
+    return path

@@ -1,0 +1,122 @@
+"""``lancetx-sync status``: what state a table is in. Reads only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY
+from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.format.transaction_file import read_transaction_of
+from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.errors import UntrustedManifestPathError
+from lancetx.externalstore.moved import moved_record
+from lancetx.externalstore.protocol import final_key_of
+from lancetx.externalstore.store_schema import read_stamp
+from lancetx.ops.inventory import Progress, list_versions_folder, no_progress
+from lancetx.ops.table import OpsTable
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """A table's state. ``latest_version`` is DynamoDB's newest item (the listing's
+    newest manifest for a table without items)."""
+
+    uri: str
+    base_uri: str
+    dynamodb_table: str | None
+    latest_version: int | None
+    item_count: int
+    staged_versions: list[int]
+    naming_scheme: str | None
+    manifests_in_store: int
+    staged_objects_in_store: int
+    committers: dict[str, int]
+    onboarded: bool
+    last_commit_time: str | None
+    last_commit_message: str | None
+    last_operation: str | None
+    store_schema_version: int | None
+    moved_to: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusReport:
+    """Collect the status of ``table`` (one Query, one listing, one manifest read)."""
+    entries = table.list_entries()
+    listing = list_versions_folder(table, progress)
+    committers = Counter(e.committer or "(none)" for e in entries)
+    staged = [e.version for e in entries if e.is_staged]
+    notes: list[str] = []
+    latest_entry = entries[-1] if entries else None
+    latest: int | None
+    manifest: ManifestFile | None = None
+    if latest_entry is not None:
+        latest = latest_entry.version
+        manifest = _read_latest(table, latest_entry)
+        if manifest is None:
+            notes.append(
+                f"the manifest of version {latest} cannot be read: "
+                + table.command("verify")
+                + " explains why"
+            )
+    else:
+        latest = max(listing.finals) if listing.finals else None
+        if latest is not None:
+            manifest = table.read_manifest_or_none(listing.finals[latest].key)
+            if table.entries is not None:
+                notes.append("the table has no DynamoDB items: " + table.command("onboard"))
+    message = operation = when = None
+    if manifest is not None:
+        ts = manifest.manifest.timestamp
+        if ts.seconds or ts.nanos:
+            when = datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC).isoformat()
+        txn = read_transaction_of(table.store, table.base, manifest)
+        if txn is not None:
+            message = txn.transaction_properties.get(COMMIT_MESSAGE_KEY)
+            operation = txn.WhichOneof("operation")
+    stamp = moved = None
+    if table.entries is not None and table.ddb_table is not None:
+        stamp = read_stamp(table.entries.client, table.ddb_table)
+        record = moved_record(table.entries, table.base)
+        moved = record.path if record is not None else None
+    if staged:
+        notes.append(
+            f"{len(staged)} version(s) not finalized yet ({_short(staged)}): "
+            + table.command("repair")
+        )
+    return StatusReport(
+        uri=table.uri,
+        base_uri=table.base,
+        dynamodb_table=table.ddb_table,
+        latest_version=latest,
+        item_count=len(entries),
+        staged_versions=staged,
+        naming_scheme=listing.scheme.name if listing.scheme else None,
+        manifests_in_store=len(listing.finals),
+        staged_objects_in_store=len(listing.staged),
+        committers=dict(sorted(committers.items())),
+        onboarded=bool(entries),
+        last_commit_time=when,
+        last_commit_message=message,
+        last_operation=operation,
+        store_schema_version=stamp,
+        moved_to=moved,
+        notes=notes,
+    )
+
+
+def _read_latest(table: OpsTable, entry: ManifestEntry) -> ManifestFile | None:
+    found = table.read_manifest_or_none(entry.path)
+    if found is None and entry.is_staged:
+        try:
+            found = table.read_manifest_or_none(final_key_of(table.protocol_table, entry))
+        except UntrustedManifestPathError:  # verify reports it
+            return None
+    return found
+
+
+def _short(versions: list[int], limit: int = 10) -> str:
+    shown = ", ".join(str(v) for v in versions[:limit])
+    return shown + (f", … ({len(versions) - limit} more)" if len(versions) > limit else "")

@@ -1,0 +1,122 @@
+"""One table as the operator tools see it: its object store, its DynamoDB store, its keys.
+
+Opening never writes and never finalizes: the tools decide what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from lancetx.commit.errors import InvalidUriError, LancetxError, ObjectNotFoundError
+from lancetx.commit.format.manifest import ManifestFile, read_manifest
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.stores import open_object_store
+from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.protocol import Steps, Table, run
+from lancetx.externalstore.uri import parse_ddb_uri
+
+T = TypeVar("T")
+
+
+class NotAnExternalStoreTableError(LancetxError, ValueError):
+    """A command that works on the DynamoDB side was given a URI without one."""
+
+    def __init__(self, uri: str, command: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"`lancetx-sync {command}` needs an s3+ddb:// table URI "
+            f"(s3+ddb://bucket/path?ddbTableName=T), got {uri!r}"
+        )
+
+
+@dataclass
+class OpsTable:
+    """A table opened for inspection or repair.
+
+    ``base`` is the table's key in ``store`` and, for an ``s3+ddb://`` table,
+    also its ``base_uri`` in DynamoDB (Lance's convention). ``entries`` is None
+    for a table without a DynamoDB store.
+    """
+
+    uri: str
+    store: ObjectStore
+    base: str
+    entries: DynamoDBManifestStore | None
+    options: dict[str, str] = field(default_factory=dict)
+    bucket: str | None = None
+    ddb_table: str | None = None
+    s3_uri: str | None = None
+
+    @property
+    def protocol_table(self) -> Table:
+        return Table(base_uri=self.base, base_key=self.base)
+
+    def require_entries(self, command: str) -> DynamoDBManifestStore:
+        if self.entries is None:
+            raise NotAnExternalStoreTableError(self.uri, command)
+        return self.entries
+
+    def run(self, steps: Steps[T]) -> T:
+        """Drive protocol steps against this table's stores."""
+        return run(steps, self.store, self.require_entries("repair"))
+
+    def list_entries(self) -> list[ManifestEntry]:
+        return self.entries.list_entries(self.base, 0) if self.entries is not None else []
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.store.head(key)
+        except ObjectNotFoundError:
+            return False
+        return True
+
+    def read_manifest_or_none(self, key: str) -> ManifestFile | None:
+        try:
+            return read_manifest(self.store, key)
+        except ObjectNotFoundError:
+            return None
+
+    def command(self, name: str, *args: str) -> str:
+        """The exact ``lancetx-sync`` command line for this table."""
+        return " ".join(["lancetx-sync", name, _quote(self.uri), *args])
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def open_table(
+    uri: str, storage_options: Mapping[str, str] | None = None, *, validate: bool = True
+) -> OpsTable:
+    """Open ``uri`` (``s3+ddb://``, ``s3://`` or a local path) with pylance-style
+    storage options; environment variables apply as in the library."""
+    options = dict(storage_options or {})
+    if uri.lower().startswith("s3+ddb://"):
+        parsed = parse_ddb_uri(uri)
+        store, base = open_object_store(parsed.s3_uri, options, legacy=True)
+        entries = DynamoDBManifestStore.from_config(
+            parsed.table_name, DynamoDBConfig.from_options(options), validate=validate
+        )
+        return OpsTable(
+            uri=uri,
+            store=store,
+            base=parsed.base_key,
+            entries=entries,
+            options=options,
+            bucket=parsed.bucket,
+            ddb_table=parsed.table_name,
+            s3_uri=parsed.s3_uri,
+        )
+    if "://" in uri and not uri.lower().startswith(("s3://", "file://")):
+        raise InvalidUriError(uri, "expected s3+ddb://, s3://, file:// or a local path")
+    store, base = open_object_store(uri, options)
+    bucket = getattr(store, "bucket", None)
+    return OpsTable(uri=uri, store=store, base=base, entries=None, options=options, bucket=bucket)
+
+
+def s3_client_of(table: OpsTable) -> Any:
+    """The boto3 S3 client behind ``table.store`` (None for a local table)."""
+    return getattr(table.store, "client", None)
