@@ -60,10 +60,6 @@ from lancetx.externalstore.wedged import explain_wedge, table_uri
 if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
-if TYPE_CHECKING:
-    # Only the async twin uses it, and it needs the ``lancetx[async]`` extra.
-    from lancetx.commit.storage.s3store_async import AsyncObjectStore
-
 __all__ = [
     "ONBOARD_PROBE_LIMIT",
     "AsyncExternalStoreCommitHandler",
