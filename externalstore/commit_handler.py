@@ -84,7 +84,7 @@ def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) ->
     wedged version reported as such (see :mod:`.wedged`)."""
     ddb_table = _dynamodb_table(entries)
     uri = table_uri(store.uri(base), ddb_table)
-    bucket = bucket_of(store.uri(base))
+    bucket = bucket_of(store)
     table = _table(base)
     guarded = guard_bucket(steps, table, bucket, dynamodb_table=ddb_table)
     return explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
@@ -181,7 +181,7 @@ class ExternalStoreCommitHandler(CommitHandler):
             _table(base),
             location,
             error,
-            bucket_of(self.store.uri(base)),
+            bucket_of(self.store),
             _dynamodb_table(self.entries),
         )
         return self._run(steps, base)
@@ -270,7 +270,7 @@ class AsyncExternalStoreCommitHandler:
             _table(base),
             location,
             error,
-            bucket_of(self.store.uri(base)),
+            bucket_of(self.store),
             _dynamodb_table(self.entries),
         )
         return await self._run(steps, base)
