@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-## The main job on the embedded default: an in-process moto server for S3 + DynamoDB.
+## The main job on the embedded default: Spark jobs and a pylance writer on one table,
+## through an in-process moto server for S3 (legacy) + DynamoDB.
 demo: $(STAMP)
-	$(BIN)/python -m lancetx.externalstore.demo
+	$(BIN)/python -m pyspark_lancetx.demo
 
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest

@@ -29,7 +29,16 @@ VERSION = PYPROJECT["project"]["version"]
 #: What a Spark/EMR/Glue image may already hold (newer than [async]'s narrow pin).
 PREINSTALLED_BOTO3 = "1.44.*"
 #: The folders the wheel is built from (everything pyproject.toml maps into it).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "lancetx", "protos", "commit", "externalstore")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "lancetx",
+    "protos",
+    "commit",
+    "externalstore",
+    "pyspark_lancetx",
+)
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +129,7 @@ def test_wheel_ships_every_package_of_the_source_tree(wheel: Path) -> None:
         "commit": "lancetx/commit",
         "externalstore": "lancetx/externalstore",
         "protos": "lancetx/protos",
+        "pyspark_lancetx": "pyspark_lancetx",
     }
     missing = [
         str(init.relative_to(ROOT))

@@ -1,0 +1,462 @@
+"""The ``lancetx`` Spark data source: batch writes, streaming writes, reads.
+
+Spark runs the pieces in different Python processes, none of them the
+driver's: ``writer()``/``reader()`` in a planning worker, ``write()``/``read()``
+in executor workers, ``commit()``/``abort()`` in yet another worker. So the
+objects below hold only picklable plain data (options, IPC-serialized schemas,
+version numbers), and pylance is imported inside the methods that need it.
+
+Write path: ``writer()`` checks the DataFrame's schema and the table's state
+(failing before any data is written), each task streams its Arrow batches into
+data files (:mod:`pyspark_lancetx.write_task`), and ``commit()`` commits them as
+one transaction (:mod:`pyspark_lancetx.commit`). ``abort()`` only removes files
+when the job failed before committing; after a failed commit it leaves them to
+the commit, which alone knows whether a version may reference them.
+
+Read path: the version is resolved once, when Spark asks for the schema, and
+the DataFrame stays on it. One Spark partition per group of fragments.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from pyspark_lancetx.commit import JobCommit, commit_job
+from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError
+from pyspark_lancetx.filters import conjunction, translate
+from pyspark_lancetx.options import ReadOptions, WriteOptions
+from pyspark_lancetx.schema import (
+    conform_read_batch,
+    lance_fields,
+    match_table,
+    read_spark_schema,
+    spark_arrow_schema,
+    write_schema,
+)
+from pyspark_lancetx.write_task import (
+    TaskOutput,
+    WritePlan,
+    fragment_file_paths,
+    remove_data_files,
+    schema_to_ipc,
+    write_task,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+#: Spark's local property naming the running streaming query (stable across restarts).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass
+class LanceTxCommitMessage(WriterCommitMessage):  # type: ignore[misc]
+    """One task's fragments; ``stream_id`` is the streaming query id, if any."""
+
+    output: TaskOutput
+    stream_id: str | None = None
+
+
+@dataclass(frozen=True)
+class _TableState:
+    version: int
+    storage_version: str | None
+
+
+def _table_state(
+    options: WriteOptions, schema: pa.Schema, overwrite: bool
+) -> tuple[str, _TableState]:
+    """The data URI and the table's latest version; checks an append's columns early."""
+    from lancetx.commit.engine.committer import load_parent
+    from lancetx.externalstore.connect import connect
+
+    conn = connect(options.uri, options.storage_options)
+    parent = load_parent(conn.handler, conn.base)
+    if parent is None:
+        return conn.data_uri, _TableState(0, options.data_storage_version)
+    manifest = parent.manifest.manifest
+    if not overwrite:
+        # Types only: null counts are known once the tasks ran (the commit checks them).
+        match_table(
+            options.uri,
+            lance_fields(schema),
+            list(manifest.fields),
+            merge_schema=options.merge_schema,
+            null_counts={},
+        )
+    storage = manifest.data_format.version or None
+    if overwrite and options.data_storage_version is not None:
+        storage = options.data_storage_version
+    return conn.data_uri, _TableState(parent.version, storage)
+
+
+def _plan_write(
+    raw: dict[str, str], spark_schema: StructType, overwrite: bool
+) -> tuple[WriteOptions, WritePlan, _TableState]:
+    options = WriteOptions.parse(raw)
+    schema = write_schema(
+        spark_schema,
+        options.uri,
+        vector_columns=options.vector_columns,
+        keep_spark_nullability=options.keep_spark_nullability,
+    )
+    data_uri, state = _table_state(options, schema, overwrite)
+    plan = WritePlan(
+        uri=options.uri,
+        data_uri=data_uri,
+        storage_options=options.storage_options,
+        schema_ipc=schema_to_ipc(schema),
+        max_rows_per_file=options.max_rows_per_file,
+        max_rows_per_group=options.max_rows_per_group,
+        max_bytes_per_file=options.max_bytes_per_file,
+        data_storage_version=state.storage_version,
+    )
+    return options, plan, state
+
+
+def _outputs(messages: Sequence[Any]) -> list[TaskOutput]:
+    return [m.output for m in messages if isinstance(m, LanceTxCommitMessage)]
+
+
+def _abort(plan: WritePlan, messages: Sequence[Any], what: str) -> None:
+    """Remove the files of a job that never reached its commit.
+
+    Spark sends None for each task that failed; with every message present the
+    job failed in ``commit()``, which removed the files itself unless a version
+    may reference them — then they must stay.
+    """
+    if messages and all(isinstance(m, LanceTxCommitMessage) for m in messages):
+        log.warning("%s aborted after its commit failed: data files left to the commit", what)
+        return
+    paths = [p for out in _outputs(messages) for p in fragment_file_paths(out.fragments)]
+    left = remove_data_files(plan, paths)
+    log.warning(
+        "%s aborted before committing: removed %d data file(s)", what, len(paths) - len(left)
+    )
+
+
+class LanceTxWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    """A batch write: tasks write fragments, ``commit()`` makes one version."""
+
+    def __init__(self, options: WriteOptions, plan: WritePlan, job: JobCommit) -> None:
+        self.options = options
+        self.plan = plan
+        self.job = job
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> LanceTxCommitMessage:
+        return LanceTxCommitMessage(write_task(iterator, self.plan))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_job(self.job, _outputs(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _abort(self.plan, messages, f"Spark job {self.job.job_id!r} writing {self.plan.uri!r}")
+
+
+class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    """A streaming sink: one version per micro-batch, exactly once across restarts.
+
+    A micro-batch is identified by the query id (kept in the checkpoint, so a
+    restarted query has the same one; the ``stream_id`` option overrides it)
+    and its batch id; a replayed batch finds itself in the table's history and
+    is not committed again.
+    """
+
+    def __init__(self, options: WriteOptions, plan: WritePlan, overwrite: bool) -> None:
+        self.options = options
+        self.plan = plan
+        self.overwrite = overwrite
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> LanceTxCommitMessage:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
+        return LanceTxCommitMessage(write_task(iterator, self.plan), query_id)
+
+    def _stream_id(self, messages: Sequence[Any]) -> str | None:
+        if self.options.stream_id is not None:
+            return self.options.stream_id
+        ids = {m.stream_id for m in messages if isinstance(m, LanceTxCommitMessage) and m.stream_id}
+        return ids.pop() if len(ids) == 1 else None
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        outputs = _outputs(messages)
+        if not any(out.fragments for out in outputs):
+            return  # an empty micro-batch: nothing to commit, nothing to replay
+        stream_id = self._stream_id(messages)
+        if stream_id is None:
+            remove_data_files(
+                self.plan, [p for o in outputs for p in fragment_file_paths(o.fragments)]
+            )
+            raise SparkOptionError(
+                "stream_id",
+                "",
+                "a stable stream identity: the query id was not visible to the tasks; set "
+                "option stream_id to a name unique to this query",
+            )
+        job = JobCommit(
+            plan=self.plan,
+            job_id=stream_id,
+            mode="overwrite" if self.overwrite else "append",
+            scan_from=0,
+            scan_history=True,
+            merge_schema=self.options.merge_schema,
+            commit_message=self.options.commit_message,
+            properties=self.options.properties,
+            timeout=self.options.commit_timeout,
+            stream_id=stream_id,
+            batch_id=batchId,
+        )
+        commit_job(job, outputs)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _abort(self.plan, messages, f"micro-batch {batchId} writing {self.plan.uri!r}")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """A read pinned to one version (plain data)."""
+
+    uri: str
+    storage_options: dict[str, str]
+    version: int
+    columns: tuple[str, ...]
+    filters: tuple[str, ...] = ()
+    batch_size: int = 8192
+    rows_per_partition: int = 1_000_000
+
+    def open(self) -> Any:
+        """The pylance dataset at the pinned version."""
+        import lance
+
+        return lance.dataset(
+            self.uri, version=self.version, storage_options=self.storage_options or None
+        )
+
+    @property
+    def filter(self) -> str | None:
+        """All filters (the ``filter`` option and pushed-down ones) as one Lance filter."""
+        return conjunction(self.filters)
+
+
+class LanceTxPartition(InputPartition):  # type: ignore[misc]
+    """A group of fragments read by one Spark task."""
+
+    def __init__(self, fragment_ids: Sequence[int]) -> None:
+        super().__init__(tuple(fragment_ids))
+        self.fragment_ids = tuple(fragment_ids)
+
+
+class LanceTxReader(DataSourceReader):  # type: ignore[misc]
+    """Reads a pinned version, one partition per group of fragments."""
+
+    def __init__(self, plan: ScanPlan, schema: StructType) -> None:
+        self.plan = plan
+        self.schema_json = schema.json()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        dataset = self.plan.open()
+        groups: list[list[int]] = [[]]
+        rows = 0
+        for fragment in dataset.get_fragments():
+            count = fragment.metadata.num_rows
+            if groups[-1] and rows + count > self.plan.rows_per_partition:
+                groups.append([])
+                rows = 0
+            groups[-1].append(fragment.fragment_id)
+            rows += count
+        return [LanceTxPartition(group) for group in groups]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        ids = getattr(partition, "fragment_ids", ())
+        if not ids:
+            return
+        target = spark_arrow_schema(StructType.fromJson(_loads(self.schema_json)))
+        dataset = self.plan.open()
+        scanner = dataset.scanner(
+            columns=list(self.plan.columns),
+            filter=self.plan.filter,
+            fragments=[dataset.get_fragment(i) for i in ids],
+            batch_size=self.plan.batch_size,
+        )
+        for batch in scanner.to_batches():
+            if batch.num_rows:
+                yield conform_read_batch(batch, target)
+
+
+class LanceTxFilteringReader(LanceTxReader):
+    """:class:`LanceTxReader` that also takes Spark's pushed-down filters.
+
+    Spark refuses a reader defining ``pushFilters`` when filter pushdown is off,
+    so this class is only handed out to Spark's filter-pushdown step.
+    """
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        pushed = list(self.plan.filters)
+        for f in filters:
+            expression = translate(f)
+            if expression is None:
+                yield f
+            else:
+                pushed.append(expression)
+        self.plan = _replace_filters(self.plan, tuple(pushed))
+
+
+def _replace_filters(plan: ScanPlan, filters: tuple[str, ...]) -> ScanPlan:
+    from dataclasses import replace
+
+    return replace(plan, filters=filters)
+
+
+def _loads(text: str) -> dict[str, Any]:
+    import json
+
+    value: dict[str, Any] = json.loads(text)
+    return value
+
+
+def _called_for_pushdown() -> bool:
+    """Whether Spark's filter-pushdown worker is asking for the reader.
+
+    Spark does not tell ``reader()`` whether pushdown is on, but it only runs
+    its pushdown step when it is; that step's module is on the call stack.
+    """
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").endswith(
+            "data_source_pushdown_filters"
+        ) or frame.f_code.co_filename.endswith("data_source_pushdown_filters.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _parse_timestamp(text: str) -> datetime.datetime:
+    try:
+        value = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise SparkOptionError(
+            "timestamp", text, "an ISO-8601 time such as 2026-01-31T12:00:00Z"
+        ) from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
+
+
+# --------------------------------------------------------------------------- the source
+
+
+@dataclass
+class _Pinned:
+    version: int
+    schema_json: str
+    names: tuple[str, ...] = field(default_factory=tuple)
+
+
+class LanceTxDataSource(DataSource):  # type: ignore[misc]
+    """``format("lancetx")``: Lance tables committed through lancetx (see the package docs)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lancetx"
+
+    # ---- reading
+
+    def _pin(self) -> _Pinned:
+        pinned: _Pinned | None = getattr(self, "_pinned", None)
+        if pinned is not None:
+            return pinned
+        import lance
+
+        options = ReadOptions.parse(self.options)
+        kwargs: dict[str, Any] = {"storage_options": options.storage_options or None}
+        if options.version is not None:
+            kwargs["version"] = options.version
+        elif options.timestamp is not None:
+            # pylance compares against its version timestamps, which are naive local times.
+            kwargs["asof"] = _parse_timestamp(options.timestamp).astimezone().replace(tzinfo=None)
+        dataset = lance.dataset(options.uri, **kwargs)
+        spark_schema = read_spark_schema(dataset.schema, options.uri)
+        if options.columns is not None:
+            by_name = {f.name: f for f in spark_schema.fields}
+            for name in options.columns:
+                if name not in by_name:
+                    raise SparkSchemaError(
+                        options.uri, name, f"not a column of the table {sorted(by_name)}"
+                    )
+            spark_schema = StructType([by_name[n] for n in options.columns])
+        pinned = _Pinned(dataset.version, spark_schema.json(), tuple(spark_schema.names))
+        self._pinned = pinned
+        return pinned
+
+    def schema(self) -> StructType:
+        return StructType.fromJson(_loads(self._pin().schema_json))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = ReadOptions.parse(self.options)
+        pinned = self._pin()
+        table = StructType.fromJson(_loads(pinned.schema_json))
+        known = set(table.names)
+        for name in schema.names:
+            if name not in known:
+                raise SparkSchemaError(
+                    options.uri, name, f"not a column of the table {sorted(known)}"
+                )
+        plan = ScanPlan(
+            uri=options.uri,
+            storage_options=options.storage_options,
+            version=pinned.version,
+            columns=tuple(schema.names),
+            filters=(options.filter,) if options.filter else (),
+            batch_size=options.batch_size,
+            rows_per_partition=options.rows_per_partition,
+        )
+        reader_class = LanceTxFilteringReader if _called_for_pushdown() else LanceTxReader
+        return reader_class(plan, schema)
+
+    # ---- writing
+
+    def writer(self, schema: StructType, overwrite: bool) -> LanceTxWriter:
+        options, plan, state = _plan_write(dict(self.options), schema, overwrite)
+        job = JobCommit(
+            plan=plan,
+            job_id=options.job_id,
+            mode="overwrite" if overwrite else "append",
+            scan_from=0 if options.job_id_given else state.version,
+            scan_history=options.job_id_given,
+            merge_schema=options.merge_schema,
+            commit_message=options.commit_message,
+            properties=options.properties,
+            timeout=options.commit_timeout,
+        )
+        return LanceTxWriter(options, plan, job)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LanceTxStreamWriter:
+        options, plan, _ = _plan_write(dict(self.options), schema, overwrite)
+        return LanceTxStreamWriter(options, plan, overwrite)
+
+
+DefaultSource = LanceTxDataSource

@@ -1,0 +1,157 @@
+"""What one Spark write task does on an executor: Arrow batches in, Lance data files out.
+
+The batches Spark hands over are streamed into pylance's fragment writer (no
+copy of the partition is held in memory), conformed on the way to the write's
+schema (:func:`~pyspark_lancetx.schema.conform_write_batch`). Files get fresh
+field ids; the commit maps them onto the table's.
+
+A task that fails removes the files it finished before failing: Spark sends no
+commit message for a failed attempt, so nothing else would ever know them.
+pylance reports each finished file through its progress hook, which is how the
+task knows what to remove.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lancetx.commit.errors import LancetxError
+from pyspark_lancetx.schema import conform_write_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Everything a write task needs, as plain picklable data.
+
+    ``data_uri`` is where pylance writes (``s3://…`` for an ``s3+ddb://``
+    table); ``schema_ipc`` is the write's Arrow schema, IPC-serialized.
+    """
+
+    uri: str
+    data_uri: str
+    storage_options: dict[str, str]
+    schema_ipc: bytes
+    max_rows_per_file: int | None = None
+    max_rows_per_group: int | None = None
+    max_bytes_per_file: int | None = None
+    data_storage_version: str | None = None
+
+    def schema(self) -> pa.Schema:
+        """The write's Arrow schema."""
+        import pyarrow as pa
+
+        return pa.ipc.read_schema(pa.py_buffer(self.schema_ipc))
+
+
+def schema_to_ipc(schema: pa.Schema) -> bytes:
+    """``schema`` as IPC bytes (what :class:`WritePlan` carries)."""
+    return bytes(schema.serialize().to_pybytes())
+
+
+@dataclass
+class TaskOutput:
+    """What a finished task reports: its fragments (pylance JSON), rows, nulls per column."""
+
+    fragments: list[dict[str, Any]] = field(default_factory=list)
+    rows: int = 0
+    null_counts: dict[str, int] = field(default_factory=dict)
+
+
+def data_file_keys(plan: WritePlan, paths: list[str]) -> tuple[Any, list[str]]:
+    """The object store and keys of data files named by their fragment paths."""
+    from lancetx.commit.storage.stores import open_object_store
+
+    store, base = open_object_store(plan.data_uri, plan.storage_options, legacy=True)
+    prefix = f"{base}/data/" if base else "data/"
+    return store, [prefix + p for p in paths]
+
+
+def remove_data_files(plan: WritePlan, paths: list[str]) -> list[str]:
+    """Delete data files (by fragment path); returns those that could not be deleted."""
+    if not paths:
+        return []
+    store, keys = data_file_keys(plan, paths)
+    left: list[str] = []
+    for key in keys:
+        try:
+            store.delete(key)
+        except LancetxError as exc:  # an orphan is harmless: nothing references it
+            log.warning("could not delete %s (%s)", store.uri(key), exc)
+            left.append(key)
+    return left
+
+
+def fragment_file_paths(fragments: list[dict[str, Any]]) -> list[str]:
+    """The data-file paths of fragments in pylance's JSON form."""
+    return [f["path"] for frag in fragments for f in frag.get("files", [])]
+
+
+def write_task(batches: Iterator[pa.RecordBatch], plan: WritePlan) -> TaskOutput:
+    """Write the task's batches as Lance fragments; remove them all if anything fails."""
+    import lance
+    import pyarrow as pa
+    from lance.progress import FragmentWriteProgress
+
+    target = plan.schema()
+    finished: list[str] = []
+    output = TaskOutput(null_counts={f.name: 0 for f in target})
+    failure: list[BaseException] = []
+
+    class Finished(FragmentWriteProgress):  # type: ignore[misc]
+        def begin(self, fragment: Any, **kwargs: Any) -> None:
+            pass
+
+        def complete(self, fragment: Any, **kwargs: Any) -> None:
+            finished.extend(f.path for f in fragment.files)
+
+    def conformed() -> Iterator[pa.RecordBatch]:
+        try:
+            for batch in batches:
+                batch = conform_write_batch(batch, target, plan.uri)
+                output.rows += batch.num_rows
+                for i, f in enumerate(target):
+                    output.null_counts[f.name] += batch.column(i).null_count
+                yield batch
+        except BaseException as exc:  # pylance wraps it; keep the original to re-raise
+            failure.append(exc)
+            raise
+
+    kwargs: dict[str, Any] = {}
+    if plan.max_rows_per_file is not None:
+        kwargs["max_rows_per_file"] = plan.max_rows_per_file
+    if plan.max_rows_per_group is not None:
+        kwargs["max_rows_per_group"] = plan.max_rows_per_group
+    if plan.max_bytes_per_file is not None:
+        kwargs["max_bytes_per_file"] = plan.max_bytes_per_file
+    try:
+        fragments = lance.fragment.write_fragments(
+            pa.RecordBatchReader.from_batches(target, conformed()),
+            plan.data_uri,
+            schema=target,
+            mode="overwrite",  # fresh field ids; the commit maps them onto the table's
+            progress=Finished(),
+            data_storage_version=plan.data_storage_version,
+            storage_options=plan.storage_options or None,
+            **kwargs,
+        )
+    except BaseException as exc:
+        left = remove_data_files(plan, finished)
+        log.warning(
+            "write task for %s failed; removed %d finished data file(s)%s",
+            plan.uri,
+            len(finished) - len(left),
+            f", could not remove {left}" if left else "",
+        )
+        if failure and failure[0] is not exc:
+            raise failure[0] from None
+        raise
+    output.fragments = [f.to_json() for f in fragments]
+    return output

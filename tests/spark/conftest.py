@@ -1,0 +1,49 @@
+"""One local-mode SparkSession for the whole test run, and table helpers.
+
+Spark's Python workers inherit this process's environment (fake AWS
+credentials from ``tests/conftest.py``) and reach the embedded moto server on
+127.0.0.1. ``local[2,3]``: two cores, and a failed task is retried (local mode
+does not retry by default).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from spark_helpers import build_session
+
+from lancetx.externalstore.dynamodb import create_table
+from lancetx.externalstore.embedded import EmbeddedAws
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The session shared by every Spark test."""
+    session = build_session()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def storage(aws: EmbeddedAws) -> dict[str, str]:
+    """pylance storage options for the embedded server."""
+    return aws.pylance_storage_options()
+
+
+@pytest.fixture
+def ddb_uri(aws: EmbeddedAws, bucket: str) -> str:
+    """An ``s3+ddb://`` URI on a fresh bucket and a fresh DynamoDB table."""
+    table = f"lancetx_{uuid.uuid4().hex[:10]}"
+    create_table(boto3.client("dynamodb", **aws.client_kwargs()), table)
+    return f"s3+ddb://{bucket}/t.lance?ddbTableName={table}"
