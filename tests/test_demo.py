@@ -1,10 +1,10 @@
 """The README's first command, ``make demo``, and the plain-Python demo it supersedes.
 
 test_readme checks that the README opens with ``make demo`` and ``make test``;
-this runs what ``make demo`` runs (in a fresh interpreter, smaller than the
-default so it stays quick) and checks what it reports: an in-process moto
-server, a table written by pylance and lancetx, read back through our reader
-with its versions printed, a linear history and every acknowledged row.
+this checks that ``make demo`` runs the Spark demo, and runs the plain-Python
+demo (``python -m lancetx.externalstore.demo``, smaller than its default) and
+checks what it reports: an in-process moto server, a table written by pylance
+and lancetx, a linear history and every acknowledged row.
 """
 
 from __future__ import annotations
