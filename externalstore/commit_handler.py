@@ -60,10 +60,6 @@ from lancetx.externalstore.wedged import explain_wedge, table_uri
 if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
-if TYPE_CHECKING:
-    # Only the async twin uses it, and it needs the ``lancetx[async]`` extra.
-    from lancetx.commit.storage.s3store_async import AsyncObjectStore
-
 __all__ = [
     "ONBOARD_PROBE_LIMIT",
     "AsyncExternalStoreCommitHandler",
@@ -88,7 +84,7 @@ def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) ->
     wedged version reported as such (see :mod:`.wedged`)."""
     ddb_table = _dynamodb_table(entries)
     uri = table_uri(store.uri(base), ddb_table)
-    bucket = bucket_of(store.uri(base))
+    bucket = bucket_of(store)
     table = _table(base)
     guarded = guard_bucket(steps, table, bucket, dynamodb_table=ddb_table)
     return explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
@@ -185,7 +181,7 @@ class ExternalStoreCommitHandler(CommitHandler):
             _table(base),
             location,
             error,
-            bucket_of(self.store.uri(base)),
+            bucket_of(self.store),
             _dynamodb_table(self.entries),
         )
         return self._run(steps, base)
@@ -274,7 +270,7 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
             _table(base),
             location,
             error,
-            bucket_of(self.store.uri(base)),
+            bucket_of(self.store),
             _dynamodb_table(self.entries),
         )
         return await self._run(steps, base)

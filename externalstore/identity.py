@@ -47,6 +47,7 @@ from lancetx.externalstore.protocol import (
     ListEntries,
     ListObjects,
     Steps,
+    StoreInfo,
     Table,
 )
 
@@ -61,11 +62,14 @@ __all__ = [
 T = TypeVar("T")
 
 
-def bucket_of(store_uri: str) -> str | None:
-    """The bucket of an ``s3://bucket/…`` URI (None for other stores)."""
-    if not store_uri.startswith("s3://"):
-        return None
-    return store_uri[len("s3://") :].split("/", 1)[0] or None
+def bucket_of(store: StoreInfo) -> str | None:
+    """The bucket of an S3 store (None for other stores). Asks for the URI of the
+    store's root: a table's own URI may be the name the user gave it."""
+    root = store.uri("")
+    for scheme in ("s3://", "s3+ddb://"):
+        if root.startswith(scheme):
+            return root[len(scheme) :].split("/", 1)[0].split("?", 1)[0] or None
+    return None
 
 
 def _collision(

@@ -1,10 +1,10 @@
-"""Audit (issue 2, scope 2): the README's first command, ``make demo``, works.
+"""The README's first command, ``make demo``, and the plain-Python demo it supersedes.
 
 test_readme checks that the README opens with ``make demo`` and ``make test``;
-this runs what ``make demo`` runs (in a fresh interpreter, smaller than the
-default so it stays quick) and checks what it reports: an in-process moto
-server, a table written by pylance and lancetx, read back through our reader
-with its versions printed, a linear history and every acknowledged row.
+this checks that ``make demo`` runs the Spark demo, and runs the plain-Python
+demo (``python -m lancetx.externalstore.demo``, smaller than its default) and
+checks what it reports: an in-process moto server, a table written by pylance
+and lancetx, a linear history and every acknowledged row.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def _demo_recipe() -> list[str]:
     return recipe
 
 
-def test_make_demo_runs_the_demo_module() -> None:
-    assert _demo_recipe() == ["$(BIN)/python -m lancetx.externalstore.demo"]
+def test_make_demo_runs_the_spark_demo() -> None:
+    # The Spark job itself runs in tests/spark/test_spark_examples.py on the shared session.
+    assert _demo_recipe() == ["$(BIN)/python -m pyspark_lancetx.demo"]
 
 
 def test_demo_runs_and_reports_a_linear_complete_history() -> None:

@@ -21,7 +21,15 @@ import uuid
 
 import boto3
 import pytest
-from history_harness import Outcome, harness, make_schedule, run_histories
+from history_harness import (
+    Actor,
+    Outcome,
+    Schedule,
+    _judge,
+    harness,
+    make_schedule,
+    run_histories,
+)
 from protocol_helpers import ensure_ddb_table
 
 from lancetx.externalstore.embedded import EmbeddedAws
@@ -80,3 +88,42 @@ def test_randomized_histories(
         f"{len(summary.anomalies)} anomalies in {len(failed)} histories, e.g. "
         f"{summary.anomalies[:5]}; replay: {replay_command(failed)}"
     )
+
+
+def test_the_checker_flags_loss_duplicates_gaps_unopenable_versions_and_wedges() -> None:
+    """The judge of a history can fail: each kind of anomaly it exists to catch."""
+    schedule = Schedule(7, (Actor("w0", "lancetx", (0, 1, 2), ()),))
+    broken = Outcome(7, schedule)
+    checked = {
+        "fresh": 5,
+        "latest": 5,
+        "versions": [1, 2, 4, 5],
+        "unopenable": ["v4: OSError: gone"],
+        "rows": {"init/0": 1, "fresh/0": 1, "w0/0": 2, "w0/2": 1, "x9/0": 1},
+    }
+    _judge(broken, checked, {"w0": {0, 1}})
+    found = "\n".join(broken.anomalies)
+    for expected in (
+        "versions not contiguous",
+        "version does not open: v4",
+        "acknowledged append w0/0 present 2 times",
+        "acknowledged append w0/1 present 0 times",
+        "unknown row x9/0",
+    ):
+        assert expected in found
+    assert broken.unacknowledged_present == 1  # w0/2: committed, never acknowledged: allowed
+
+    wedged = Outcome(8, schedule)
+    _judge(wedged, {"wedged": "OSError: version 3 is wedged"}, {})
+    assert wedged.anomalies == [
+        "a fresh pylance writer could not commit: OSError: version 3 is wedged"
+    ]
+
+    clean = Outcome(9, schedule)
+    rows = {"init/0": 1, "fresh/0": 1, "w0/0": 1, "w0/1": 1}
+    _judge(
+        clean,
+        {**checked, "versions": [1, 2, 3, 4, 5], "unopenable": [], "rows": rows},
+        {"w0": {0, 1}},
+    )
+    assert clean.anomalies == [] and clean.acknowledged == 2

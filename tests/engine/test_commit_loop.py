@@ -61,6 +61,7 @@ from lancetx.commit.format.manifest import decode_manifest, encode_manifest
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.format.transaction_file import read_transaction_file
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
+from lancetx.commit.handlers.probe import probe_conditional_put
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
@@ -75,7 +76,11 @@ def table(tmp_path: Path) -> EngineTable:
 
 @pytest.fixture
 def s3_table(aws: EmbeddedAws, bucket: str) -> EngineTable:
-    return make_table(f"s3://{bucket}/t.lance", (10, 10), aws.pylance_storage_options())
+    table = make_table(f"s3://{bucket}/t.lance", (10, 10), aws.pylance_storage_options())
+    # The bucket's conditional-PUT probe (once per process) is paid here, so the
+    # request counts below see commits alone.
+    probe_conditional_put(table.handler.store, table.base)
+    return table
 
 
 def unchanged(table: EngineTable) -> tuple[list[int], list[tuple[str, int]]]:

@@ -45,6 +45,9 @@ from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.protos import table_pb2, transaction_pb2
 
+#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
+pytestmark = pytest.mark.integration
+
 Txn = transaction_pb2.Transaction
 
 
@@ -150,9 +153,6 @@ def pylance_table(t: Table, data: pa.Table, **kwargs: Any) -> int:
 
 _QUIET_CHECK = """
 import json, sys, lance
-
-#: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
-pytestmark = pytest.mark.integration
 uri, opts = sys.argv[1], json.loads(sys.argv[2])
 ds = lance.dataset(uri, storage_options=opts)
 seen = []
