@@ -62,6 +62,11 @@ log = logging.getLogger(__name__)
 MAX_REPLANS = 10
 
 
+class NothingToDo(Exception):
+    """Raised by a plan that finds nothing to commit (e.g. no fragment needs
+    compaction): the verb returns the version it read, committing nothing."""
+
+
 @dataclass(frozen=True)
 class CommitResult:
     """What a commit produced: the version, whether an earlier commit with the same
@@ -287,7 +292,10 @@ def verb_steps(
             # Creating is strict: if another writer created the table first, ours
             # must not replace its rows; it becomes an append (or fails) below.
             options = dataclasses.replace(options, expected_version=0)
-        txn = yield RunPlan(plan, PlanContext(state, parent))
+        try:
+            txn = yield RunPlan(plan, PlanContext(state, parent))
+        except NothingToDo:
+            return CommitResult(parent.version if parent else 0, attempts=0, plans=plans)
         wrote = (
             frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
         )
@@ -374,6 +382,7 @@ __all__ = [
     "MAX_REPLANS",
     "CommitArgs",
     "CommitResult",
+    "NothingToDo",
     "Plan",
     "PlanContext",
     "VerbFlags",

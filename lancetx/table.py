@@ -9,7 +9,7 @@ it last committed or opened, without pylance resolving "latest" on its own.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -21,7 +21,6 @@ from lancetx.history import VersionInfo, find_idempotency_key, load_history
 from lancetx.state import TableState
 from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
 from lancetx.verbs.maintenance import (
-    NothingToDo,
     plan_compact,
     plan_create_index,
     plan_restore,
@@ -30,6 +29,8 @@ from lancetx.verbs.maintenance import (
 from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
 from lancetx.verbs.rows import plan_delete, plan_update
 from lancetx.verbs.writing import FragmentsPlan, WritePlan
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from lance import LanceDataset
@@ -58,7 +59,284 @@ def _args(
     return CommitArgs(commit_message, properties, idempotency_key, expected_version)
 
 
-class Table:
+class TableVerbs(Generic[R]):
+    """The write verbs, written once for :class:`Table` (``R`` = int) and
+    :class:`lancetx.aio.AsyncTable` (``R`` = an awaitable int): each builds a plan
+    and hands it to ``_run``, the driver of its flavour.
+
+    Every write verb is one transaction and takes ``commit_message=``,
+    ``properties=`` (stored in the transaction; pylance sees them too),
+    ``idempotency_key=`` (a retried call with the same key returns the first
+    commit's version instead of committing again) and ``expected_version=``
+    (strict: commit only if the table is still at that version, else
+    ExpectedVersionMismatchError, nothing written). Each returns the committed version.
+    """
+
+    @property
+    def uri(self) -> str:
+        raise NotImplementedError
+
+    def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> R:
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- write verbs
+
+    def append(
+        self,
+        data: Any,
+        *,
+        schema: pa.Schema | None = None,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> R:
+        """Append ``data`` (anything pylance writes). ``write_params`` go to
+        ``lance.fragment.write_fragments`` (max_rows_per_file, …)."""
+        plan = WritePlan(data, overwrite=False, schema=schema, params=write_params)
+        return self._run(
+            plan,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(reusable=True),
+        )
+
+    def overwrite(
+        self,
+        data: Any,
+        *,
+        schema: pa.Schema | None = None,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> R:
+        """Replace every row (and the schema) with ``data``; older versions stay readable."""
+        plan = WritePlan(data, overwrite=True, schema=schema, params=write_params)
+        return self._run(
+            plan,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True, reusable=True),
+        )
+
+    def delete(
+        self,
+        predicate: str,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Delete the rows matching the SQL ``predicate`` (re-planned after a retryable conflict)."""
+        return self._run(
+            plan_delete(predicate),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+    def update(
+        self,
+        values: Mapping[str, Any],
+        where: str | None = None,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> R:
+        """Set columns on the rows matching ``where`` (all rows when None). A string
+        value is an SQL expression over the old row (``"price * 2"``); anything else
+        is a literal."""
+        return self._run(
+            plan_update(where, values, write_params),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+    def merge_insert(self, on: str | Sequence[str]) -> MergeInsertBuilder[R]:
+        """A builder like pylance's: ``table.merge_insert("id").when_matched_update_all()
+        .when_not_matched_insert_all().execute(data)`` → the committed version."""
+        return MergeInsertBuilder(self, join_columns(on))
+
+    def add_columns(
+        self,
+        transforms: Any,
+        read_columns: list[str] | None = None,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Add columns: ``{"name": "SQL expression"}``, a batch UDF, or Arrow fields
+        (all-null, metadata only)."""
+        return self._run(
+            plan_add_columns(transforms, read_columns),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def drop_columns(
+        self,
+        columns: Sequence[str],
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Drop top-level columns (metadata only; the data stays in older versions)."""
+        return self._run(
+            plan_drop_columns(list(columns)),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def alter_columns(
+        self,
+        *alterations: Mapping[str, Any],
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Rename columns or change nullability: ``{"path": "a", "name": "b"}``,
+        ``{"path": "a", "nullable": True}``. A type change is refused (see the error)."""
+        return self._run(
+            plan_alter_columns(list(alterations)),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def compact(
+        self,
+        options: Mapping[str, Any] | None = None,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Rewrite small fragments (and fragments with many deleted rows) into fewer
+        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
+        Returns the current version unchanged when nothing needs compaction."""
+        return self._run(
+            plan_compact(options or {}),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+    def create_index(
+        self,
+        column: str,
+        index_type: str,
+        *,
+        name: str | None = None,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **index_params: Any,
+    ) -> R:
+        """Build an index (scalar: ``"BTREE"``, ``"BITMAP"``, …; vector: ``"IVF_PQ"``,
+        ``"IVF_FLAT"``, … with ``num_partitions=`` etc.) over every fragment, via
+        pylance's ``create_index_uncommitted``; lancetx commits it."""
+        return self._run(
+            plan_create_index(column, index_type, name, replace, index_params),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def restore(
+        self,
+        version: int,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Make ``version`` the latest again (as a new version; history is kept)."""
+        return self._run(
+            plan_restore(version),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def update_config(
+        self,
+        values: Mapping[str, str | None],
+        *,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Set table config keys (``None`` removes a key; ``replace`` replaces all)."""
+        return self._run(
+            plan_update_config(config=values, replace=replace),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def update_metadata(
+        self,
+        values: Mapping[str, str | None],
+        *,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Set table metadata keys (``None`` removes a key)."""
+        return self._run(
+            plan_update_config(table_metadata=values, replace=replace),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def update_schema_metadata(
+        self,
+        values: Mapping[str, str | None],
+        *,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Set schema metadata keys (``None`` removes a key)."""
+        return self._run(
+            plan_update_config(schema_metadata=values, replace=replace),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def commit(
+        self,
+        transaction: Any,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
+        pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
+        refused naming their type). Fragments must be in this table's data directory."""
+        from lancetx.verbs.writing import check_in_data_dir
+
+        def plan(ctx: Any) -> Any:
+            txn = to_transaction(self.uri, transaction, read_version=ctx.read_version)
+            check_in_data_dir(ctx, list(txn.operation.added_fragments))
+            return txn
+
+        return self._run(
+            plan,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(owns_data=False),
+        )
+
+
+class Table(TableVerbs[int]):
     """A Lance table committed through lancetx.
 
     Obtain one with :func:`open` or :func:`write_table`. :attr:`version` is the
@@ -167,273 +445,12 @@ class Table:
         """The version committed with idempotency key ``key`` (newest first), or None."""
         return find_idempotency_key(self._state.conn.handler, self._state.conn.base, key)
 
-    # ------------------------------------------------------------ commit driver
-
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
         if self._pinned is not None:
             raise ReadOnlyTableError(self.uri, self._pinned)
         result = run_verb(self._state, plan, args, flags or VerbFlags())
         self.last_commit = result
         return result.version
-
-    # -------------------------------------------------------------- write verbs
-
-    def append(
-        self,
-        data: Any,
-        *,
-        schema: pa.Schema | None = None,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-        **write_params: Any,
-    ) -> int:
-        """Append ``data`` (anything pylance writes). ``write_params`` go to
-        ``lance.fragment.write_fragments`` (max_rows_per_file, …)."""
-        plan = WritePlan(data, overwrite=False, schema=schema, params=write_params)
-        return self._run(
-            plan,
-            _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(reusable=True),
-        )
-
-    def overwrite(
-        self,
-        data: Any,
-        *,
-        schema: pa.Schema | None = None,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-        **write_params: Any,
-    ) -> int:
-        """Replace every row (and the schema) with ``data``; older versions stay readable."""
-        plan = WritePlan(data, overwrite=True, schema=schema, params=write_params)
-        return self._run(
-            plan,
-            _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True, reusable=True),
-        )
-
-    def delete(
-        self,
-        predicate: str,
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Delete the rows matching the SQL ``predicate`` (re-planned after a retryable conflict)."""
-        return self._run(
-            plan_delete(predicate),
-            _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
-        )
-
-    def update(
-        self,
-        values: Mapping[str, Any],
-        where: str | None = None,
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-        **write_params: Any,
-    ) -> int:
-        """Set columns on the rows matching ``where`` (all rows when None). A string
-        value is an SQL expression over the old row (``"price * 2"``); anything else
-        is a literal."""
-        return self._run(
-            plan_update(where, values, write_params),
-            _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
-        )
-
-    def merge_insert(self, on: str | Sequence[str]) -> MergeInsertBuilder:
-        """A builder like pylance's: ``table.merge_insert("id").when_matched_update_all()
-        .when_not_matched_insert_all().execute(data)`` → the committed version."""
-        return MergeInsertBuilder(self, join_columns(on))
-
-    def add_columns(
-        self,
-        transforms: Any,
-        read_columns: list[str] | None = None,
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Add columns: ``{"name": "SQL expression"}``, a batch UDF, or Arrow fields
-        (all-null, metadata only)."""
-        return self._run(
-            plan_add_columns(transforms, read_columns),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def drop_columns(
-        self,
-        columns: Sequence[str],
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Drop top-level columns (metadata only; the data stays in older versions)."""
-        return self._run(
-            plan_drop_columns(list(columns)),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def alter_columns(
-        self,
-        *alterations: Mapping[str, Any],
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Rename columns or change nullability: ``{"path": "a", "name": "b"}``,
-        ``{"path": "a", "nullable": True}``. A type change is refused (see the error)."""
-        return self._run(
-            plan_alter_columns(list(alterations)),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def compact(
-        self,
-        options: Mapping[str, Any] | None = None,
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Rewrite small fragments (and fragments with many deleted rows) into fewer
-        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
-        Returns the current version unchanged when nothing needs compaction."""
-        try:
-            return self._run(
-                plan_compact(options or {}),
-                _args(commit_message, properties, idempotency_key, expected_version),
-                VerbFlags(replannable=True),
-            )
-        except NothingToDo:
-            return self.version
-
-    def create_index(
-        self,
-        column: str,
-        index_type: str,
-        *,
-        name: str | None = None,
-        replace: bool = False,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-        **index_params: Any,
-    ) -> int:
-        """Build an index (scalar: ``"BTREE"``, ``"BITMAP"``, …; vector: ``"IVF_PQ"``,
-        ``"IVF_FLAT"``, … with ``num_partitions=`` etc.) over every fragment, via
-        pylance's ``create_index_uncommitted``; lancetx commits it."""
-        return self._run(
-            plan_create_index(column, index_type, name, replace, index_params),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def restore(
-        self,
-        version: int,
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Make ``version`` the latest again (as a new version; history is kept)."""
-        return self._run(
-            plan_restore(version),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def update_config(
-        self,
-        values: Mapping[str, str | None],
-        *,
-        replace: bool = False,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Set table config keys (``None`` removes a key; ``replace`` replaces all)."""
-        return self._run(
-            plan_update_config(config=values, replace=replace),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def update_metadata(
-        self,
-        values: Mapping[str, str | None],
-        *,
-        replace: bool = False,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Set table metadata keys (``None`` removes a key)."""
-        return self._run(
-            plan_update_config(table_metadata=values, replace=replace),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def update_schema_metadata(
-        self,
-        values: Mapping[str, str | None],
-        *,
-        replace: bool = False,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Set schema metadata keys (``None`` removes a key)."""
-        return self._run(
-            plan_update_config(schema_metadata=values, replace=replace),
-            _args(commit_message, properties, idempotency_key, expected_version),
-        )
-
-    def commit(
-        self,
-        transaction: Any,
-        *,
-        commit_message: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        idempotency_key: str | None = None,
-        expected_version: int | None = None,
-    ) -> int:
-        """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
-        pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
-        refused naming their type). Fragments must be in this table's data directory."""
-        from lancetx.verbs.writing import check_in_data_dir
-
-        def plan(ctx: Any) -> Any:
-            txn = to_transaction(self.uri, transaction, read_version=ctx.read_version)
-            check_in_data_dir(ctx, list(txn.operation.added_fragments))
-            return txn
-
-        return self._run(
-            plan,
-            _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(owns_data=False),
-        )
 
     def writer(
         self,
@@ -462,26 +479,26 @@ class Table:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-class MergeInsertBuilder:
+class MergeInsertBuilder(Generic[R]):
     """pylance's merge_insert builder, committed by lancetx (see :meth:`Table.merge_insert`)."""
 
-    def __init__(self, table: Table, on: list[str]) -> None:
+    def __init__(self, table: TableVerbs[R], on: list[str]) -> None:
         self._table = table
         self._spec = MergeSpec(on=on)
 
-    def when_matched_update_all(self, condition: str | None = None) -> MergeInsertBuilder:
+    def when_matched_update_all(self, condition: str | None = None) -> MergeInsertBuilder[R]:
         """Matched rows take the source's values (upsert), optionally only where
         ``condition`` (``source.``/``target.`` prefixed SQL) holds."""
         self._spec.matched_update = True
         self._spec.matched_condition = condition
         return self
 
-    def when_not_matched_insert_all(self) -> MergeInsertBuilder:
+    def when_not_matched_insert_all(self) -> MergeInsertBuilder[R]:
         """Source rows without a match are inserted (insert-if-not-exists)."""
         self._spec.not_matched_insert = True
         return self
 
-    def when_not_matched_by_source_delete(self, expr: str | None = None) -> MergeInsertBuilder:
+    def when_not_matched_by_source_delete(self, expr: str | None = None) -> MergeInsertBuilder[R]:
         """Target rows without a match in the source are deleted (optionally only where ``expr``)."""
         self._spec.not_matched_by_source_delete = True
         self._spec.not_matched_by_source_condition = expr
@@ -499,7 +516,7 @@ class MergeInsertBuilder:
         properties: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         expected_version: int | None = None,
-    ) -> int:
+    ) -> R:
         """Run the merge against ``data`` and commit it; returns the committed version."""
         return self._table._run(
             self.plan(data, schema),

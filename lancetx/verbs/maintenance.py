@@ -23,15 +23,11 @@ from lancetx.commit.engine.operations import (
     UpdateConfig,
     update_map,
 )
-from lancetx.committing import PlanContext
+from lancetx.committing import NothingToDo, PlanContext
 from lancetx.convert import to_fragment, to_index
 from lancetx.errors import SchemaMismatchError, UnknownColumnError
 
 Plan = Callable[[PlanContext], Transaction | None]
-
-
-class NothingToDo(Exception):
-    """A plan found nothing to commit (e.g. no fragment needs compaction)."""
 
 
 def plan_compact(options: Mapping[str, Any]) -> Plan:
@@ -137,7 +133,6 @@ def plan_update_config(
 
 
 __all__ = [
-    "NothingToDo",
     "default_index_name",
     "plan_compact",
     "plan_create_index",

@@ -26,13 +26,13 @@ from lancetx.protos import table_pb2
 _ROW_ADDRESS = "_rowaddr"
 
 
-def _scan(ctx: PlanContext, predicate: str, columns: Any) -> pa.Table:
+def _scan(ctx: PlanContext, predicate: str, columns: Any, what: str | None = None) -> pa.Table:
     try:
         table: pa.Table = ctx.dataset.to_table(
             columns=columns, filter=predicate, with_row_address=True
         )
     except (ValueError, OSError, RuntimeError) as exc:
-        raise InvalidPredicateError(ctx.uri, predicate, str(exc).splitlines()[0]) from None
+        raise InvalidPredicateError(ctx.uri, what or predicate, str(exc).splitlines()[0]) from None
     return table
 
 
@@ -107,7 +107,10 @@ def plan_update(
         schema = ctx.schema
         exprs = {v_name: v for v_name, v in values.items() if isinstance(v, str)}
         projection = {name: exprs.get(name, f"`{name}`") for name in schema.names}
-        scanned = _scan(ctx, predicate or "true", projection)
+        sets = ", ".join(f"{k} = {v}" for k, v in exprs.items())
+        scanned = _scan(
+            ctx, predicate or "true", projection, f"WHERE {predicate or 'true'} SET {sets}"
+        )
         offsets = _offsets_by_fragment(scanned[_ROW_ADDRESS])
         rows = scanned.drop_columns([_ROW_ADDRESS])
         for name, value in values.items():

@@ -1,0 +1,83 @@
+"""Helpers for the Table API tests: one test body runs through the sync and the async API.
+
+``Api`` is the front door of one flavour; ``api.run(x)`` returns ``x`` or, for the
+async flavour, awaits it — so a test reads ``api.run(table.delete("id < 3"))`` for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+import pyarrow as pa
+
+import lancetx
+import lancetx.aio
+
+
+@dataclass(frozen=True)
+class Api:
+    """The sync (``lancetx``) or async (``lancetx.aio``) front door."""
+
+    name: str
+
+    @property
+    def is_async(self) -> bool:
+        return self.name == "async"
+
+    def run(self, value: Any) -> Any:
+        if inspect.isawaitable(value):
+            return asyncio.run(_await(value))
+        return value
+
+    def write_table(self, uri: str, data: Any, **kwargs: Any) -> Any:
+        module: Any = lancetx.aio if self.is_async else lancetx
+        return self.run(module.write_table(uri, data, **kwargs))
+
+    def open(self, uri: str, options: dict[str, str] | None, **kwargs: Any) -> Any:
+        module: Any = lancetx.aio if self.is_async else lancetx
+        return self.run(module.open(uri, options, **kwargs))
+
+    def commit_fragments(self, uri: str, fragments: Any, **kwargs: Any) -> Any:
+        module: Any = lancetx.aio if self.is_async else lancetx
+        return self.run(module.commit_fragments(uri, fragments, **kwargs))
+
+    def history(self, table: Any) -> list[lancetx.VersionInfo]:
+        result: list[lancetx.VersionInfo] = self.run(table.history())
+        return result
+
+
+async def _await(value: Any) -> Any:
+    return await value
+
+
+def pylance_rows(
+    uri: str, options: dict[str, str] | None, version: int, sort: str = "id"
+) -> dict[str, list[Any]]:
+    """What real pylance reads at ``version``, sorted by ``sort``."""
+    table = lance.dataset(uri, version=version, storage_options=options).to_table()
+    return table.sort_by(sort).to_pydict()
+
+
+def ids(n: int, start: int = 0) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(start, start + n), pa.int64()),
+            "name": [f"n{i}" for i in range(start, start + n)],
+        }
+    )
+
+
+def ddb_uri(bucket: str, ddb_table: str, name: str = "t.lance") -> str:
+    return f"s3+ddb://{bucket}/{name}?ddbTableName={ddb_table}"
+
+
+def data_files(s3_client: Any, bucket: str, prefix: str) -> set[str]:
+    """Keys under ``prefix`` in ``bucket`` (e.g. a table's ``data/``)."""
+    keys: set[str] = set()
+    for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.update(obj["Key"] for obj in page.get("Contents", []))
+    return keys
