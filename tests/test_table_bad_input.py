@@ -43,14 +43,22 @@ def table(api: Api, uri: str, options: dict[str, str]) -> Any:
     return api.write_table(uri, ids(5), storage_options=options)
 
 
-def _unchanged(uri: str, options: dict[str, str], s3_client: Any, bucket: str, files: set[str]) -> None:
+def _unchanged(
+    uri: str, options: dict[str, str], s3_client: Any, bucket: str, files: set[str]
+) -> None:
     assert lance.dataset(uri, storage_options=options).version == 1
     assert pylance_rows(uri, options, 1) == ids(5).to_pydict()
     assert data_files(s3_client, bucket, "t.lance/") == files
 
 
 def test_fragments_of_another_table_are_refused(
-    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str, ddb_table: str
+    api: Api,
+    table: Any,
+    uri: str,
+    options: dict[str, str],
+    s3_client: Any,
+    bucket: str,
+    ddb_table: str,
 ) -> None:
     before = data_files(s3_client, bucket, "t.lance/")
     other = f"s3://{bucket}/other.lance"
@@ -83,7 +91,9 @@ def test_pylance_fragments_and_operations_are_converted(
     assert result.version == 2 and not result.deduplicated
     more = write_fragments(ids(1, start=7), table.data_uri, storage_options=options)
     api.run(table.refresh())
-    v = api.run(table.commit(lance.Transaction(read_version=2, operation=LanceOperation.Append(more))))
+    v = api.run(
+        table.commit(lance.Transaction(read_version=2, operation=LanceOperation.Append(more)))
+    )
     assert v == 3
     assert pylance_rows(uri, options, 3) == ids(8).to_pydict()
 
@@ -92,7 +102,9 @@ def test_pylance_objects_of_the_wrong_kind_are_refused(
     api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
 ) -> None:
     before = data_files(s3_client, bucket, "t.lance/")
-    clone = LanceOperation.Clone(is_shallow=True, ref_name=None, ref_version=1, ref_path="x", branch_name=None)
+    clone = LanceOperation.Clone(
+        is_shallow=True, ref_name=None, ref_version=1, ref_path="x", branch_name=None
+    )
     with pytest.raises(lancetx.UnsupportedInputError, match=r"LanceOperation\.Clone"):
         api.run(table.commit(clone))
     with pytest.raises(lancetx.UnsupportedInputError, match=r"pyarrow\.lib\.Table"):
@@ -145,6 +157,8 @@ def test_verbs_pylance_can_only_commit_itself_are_refused(
     assert lance.dataset(uri, storage_options=options).version == 1
 
 
-def test_open_of_a_missing_table(api: Api, bucket: str, ddb_table: str, options: dict[str, str]) -> None:
+def test_open_of_a_missing_table(
+    api: Api, bucket: str, ddb_table: str, options: dict[str, str]
+) -> None:
     with pytest.raises(lancetx.DatasetNotFoundError):
         api.open(ddb_uri(bucket, ddb_table, "missing.lance"), options)

@@ -74,7 +74,7 @@ def test_concurrent_deletes_and_compaction_in_threads(uri: str, options: dict[st
         barrier.wait()
         try:
             work()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     jobs = [

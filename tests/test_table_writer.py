@@ -50,7 +50,11 @@ def test_commit_writes_once_and_is_invisible_before(
     assert pylance_rows(uri, options, 2) == ids(10).to_pydict()
     assert len(_files(s3_client, bucket) - before) == 3  # 8 rows, 3 per file: new paths only
     info = table.history()[-1]
-    assert (info.operation, info.commit_message, info.properties) == ("Append", "stream", {"k": "v"})
+    assert (info.operation, info.commit_message, info.properties) == (
+        "Append",
+        "stream",
+        {"k": "v"},
+    )
     with pytest.raises(lancetx.WriterClosedError, match="committed"):
         w.write(ids(1).to_batches()[0])
 
