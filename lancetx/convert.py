@@ -214,15 +214,15 @@ def to_operation(uri: str, op: object) -> ops.Operation:
             },
         )
     if name == "DataReplacement":
-        groups = []
+        replacements = []
         for r in o.replacements:
             holder = to_fragment(
                 uri, {"id": 0, "files": [_data_file_json(r.new_file)], "physical_rows": None}
             )
-            groups.append(
+            replacements.append(
                 ops.DataReplacementGroup(fragment_id=int(r.fragment_id), new_file=holder.files[0])
             )
-        return ops.DataReplacement(replacements=tuple(groups))
+        return ops.DataReplacement(replacements=tuple(replacements))
     raise UnsupportedInputError(
         uri,
         op,

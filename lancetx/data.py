@@ -47,7 +47,8 @@ def _as_batches(item: Any, uri: str) -> list[pa.RecordBatch]:
     if isinstance(item, pa.RecordBatch):
         return [item]
     if isinstance(item, pa.Table):
-        return item.to_batches()
+        batches: list[pa.RecordBatch] = item.to_batches()
+        return batches
     raise UnsupportedInputError(
         uri, item, "an iterable of data must yield pa.RecordBatch or pa.Table"
     )

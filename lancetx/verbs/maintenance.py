@@ -27,19 +27,21 @@ from lancetx.committing import NothingToDo, PlanContext
 from lancetx.convert import to_fragment, to_index
 from lancetx.errors import SchemaMismatchError, UnknownColumnError
 
-Plan = Callable[[PlanContext], Transaction | None]
+Plan = Callable[[PlanContext], Transaction]
 
 
 def plan_compact(options: Mapping[str, Any]) -> Plan:
     def plan(ctx: PlanContext) -> Transaction:
         from lance.optimize import Compaction
 
-        compaction = Compaction.plan(ctx.dataset, dict(options))
+        settings: Any = dict(options)
+        compaction = Compaction.plan(ctx.dataset, settings)
         if not compaction.tasks:
             raise NothingToDo()
         groups = []
         for task in compaction.tasks:
-            result = task.execute(ctx.dataset)
+            # pylance 14 names them original_fragments (its stub says old_fragments).
+            result: Any = task.execute(ctx.dataset)
             groups.append(
                 RewriteGroup(
                     old_fragments=[
