@@ -217,17 +217,27 @@ class IncompatibleConflictError(CommitConflictError):
 
 
 class RetriesExhaustedError(CommitError):
-    """Every attempt lost the race to claim the next version."""
+    """Every attempt lost the race to claim the next version, until the retry
+    budget (time, or the count cap) ran out. Nothing of this transaction was committed."""
 
-    def __init__(self, uri: str, transaction_uuid: str, attempts: int, last_version: int) -> None:
+    def __init__(
+        self,
+        uri: str,
+        transaction_uuid: str,
+        attempts: int,
+        last_version: int,
+        elapsed: float | None = None,
+    ) -> None:
         self.uri = uri
         self.transaction_uuid = transaction_uuid
         self.attempts = attempts
         self.last_version = last_version
+        self.elapsed = elapsed
+        spent = f" in {elapsed:.1f} s" if elapsed is not None else ""
         super().__init__(
-            f"could not commit transaction {transaction_uuid} to {uri!r} after {attempts} attempts "
-            f"(last tried version {last_version}); contention is high: retry later or raise "
-            "CommitOptions.retry.max_attempts"
+            f"could not commit transaction {transaction_uuid} to {uri!r} after {attempts} attempts"
+            f"{spent} (last tried version {last_version}); contention is high: retry later or "
+            "raise CommitOptions.retry.max_elapsed (or max_attempts)"
         )
 
 

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.naming import NamingScheme
-from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
@@ -117,7 +117,7 @@ class ExternalStoreCommitHandler(CommitHandler):
         return self._run(onboard_steps(_table(base), self.store, committer=self.committer))
 
 
-class AsyncExternalStoreCommitHandler:
+class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
     """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3): the same
     steps, driven by :func:`~lancetx.externalstore.protocol.run_async`."""
 

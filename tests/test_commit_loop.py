@@ -310,12 +310,14 @@ def test_legacy_store_is_refused_by_the_conditional_put_handler(
 
 def test_documented_defaults() -> None:
     policy = RetryPolicy()
-    assert (policy.max_attempts, policy.base_delay, policy.max_delay, policy.jitter) == (
-        20,
-        0.002,
-        0.5,
-        1.0,
-    )
+    # The budget is time (issue 9); the count is only a safety net.
+    assert (
+        policy.max_attempts,
+        policy.base_delay,
+        policy.max_delay,
+        policy.jitter,
+        policy.max_elapsed,
+    ) == (1000, 0.002, 0.5, 1.0, 300.0)
     options = CommitOptions()
     assert options.retry == RetryPolicy()
     assert options.expected_version is None
@@ -323,6 +325,7 @@ def test_documented_defaults() -> None:
     assert options.commit_message is None
     assert options.naming is NamingScheme.V2
     assert options.inline_transaction is True
+    assert options.idempotency_key is None and options.observer is None
 
 
 @pytest.mark.parametrize(

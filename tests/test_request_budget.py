@@ -9,7 +9,12 @@ Every HTTP request our S3 and DynamoDB clients send is recorded by a botocore
   (claim), CopyObject, PutItem (flip), DeleteObject — no read, no LIST, no HEAD;
 * the latest version: one Query; a given version: one GetItem;
 * a cold open of the latest version: one Query plus one GET;
-* a lost race: one Query and one GET for the winner's manifest, no LIST, no HEAD.
+* a lost race: one Query and one GET for the winner's manifest, no LIST, no HEAD;
+  the attempt after it re-stages and claims without rewriting the transaction
+  file (pinned per attempt through the commit observer); K winners cost one
+  Query and K GETs;
+* a writer whose process lost a round on the table moments ago asks for newer
+  versions (one Query) before staging, instead of losing its first claim.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from protocol_helpers import (
     pylance_create,
 )
 
-from lancetx.commit.engine.committer import Committed, Parent, load_parent
+from lancetx.commit.engine import contention
+from lancetx.commit.engine.committer import CommitOptions, Committed, Parent, load_parent
+from lancetx.commit.engine.events import CommitEvent
 from lancetx.commit.format.manifest import read_manifest_at
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.s3store import S3Config
@@ -82,12 +89,31 @@ def counted(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Iterat
 
 
 def append(
-    counted: Counted, writer: str, seq: int, parent: Parent | Committed | None = None
+    counted: Counted,
+    writer: str,
+    seq: int,
+    parent: Parent | Committed | None = None,
+    options: CommitOptions | None = None,
 ) -> Committed:
     conn = counted.conn
     return lancetx_append(
-        conn.handler, conn.base, conn.data_uri, counted.options, batch(writer, seq, ROWS), parent
+        conn.handler,
+        conn.base,
+        conn.data_uri,
+        counted.options,
+        batch(writer, seq, ROWS),
+        parent,
+        options,
     )
+
+
+def winners(counted: Counted, n: int) -> None:
+    """``n`` appends by another writer (its own connection), uncounted."""
+    other = connect(counted.conn.uri, counted.options)
+    for seq in range(n):
+        lancetx_append(
+            other.handler, other.base, other.data_uri, counted.options, batch("winner", seq, ROWS)
+        )
 
 
 def test_latest_is_one_query_and_a_version_one_get_item(counted: Counted) -> None:
@@ -186,3 +212,74 @@ def test_async_commit_and_latest_have_the_same_budget(
     commit, latest = asyncio.run(main())
     assert commit == COMMIT[1:]  # no transaction file: the handler is given the manifest
     assert latest == ["Query"]
+
+
+@pytest.fixture
+def no_recent_contention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as if this process had never lost a round."""
+    monkeypatch.setattr(contention, "_tables", {})
+
+
+def test_each_attempt_after_a_lost_append_race_costs_pinned_requests(
+    counted: Counted, no_recent_contention: None
+) -> None:
+    parent = load_parent(counted.handler, counted.conn.base)
+    winners(counted, 1)
+    counted.log.clear()
+    per_attempt: list[list[str]] = []
+    events: list[CommitEvent] = []
+
+    def observe(event: CommitEvent) -> None:
+        events.append(event)
+        per_attempt.append(counted.ops()[sum(len(a) for a in per_attempt) :])
+
+    ours = append(counted, "loser", 0, parent, CommitOptions(observer=observe))
+
+    assert ours.attempts == 2 and [e.outcome for e in events] == ["lost", "won"]
+    lost, won = per_attempt
+    # The lost attempt: transaction file, staged manifest, claim, cleanup; then
+    # the winner is learnt: one Query, one GET of its manifest.
+    assert lost == ["PutObject", "PutObject", "PutItem", "DeleteObject", "Query", "GetObject"]
+    # The next attempt reuses the transaction file: the four-step commit only.
+    assert won == COMMIT[1:]
+    # As the loop counts them (a claim is one handler call).
+    assert [e.requests for e in events] == [4, 1]
+
+
+def test_k_winners_cost_one_query_and_k_gets(counted: Counted, no_recent_contention: None) -> None:
+    parent = load_parent(counted.handler, counted.conn.base)
+    winners(counted, 3)
+    counted.log.clear()
+    ours = append(counted, "loser", 0, parent)
+    assert ours.version == 5 and ours.attempts == 2
+    ops = counted.ops()
+    assert ops.count("Query") == 1 and ops.count("GetObject") == 3, ops
+    assert ops.count("PutItem") == 3 and ops.count("PutObject") == 3, ops  # 1 lost claim
+
+
+def test_after_a_lost_round_the_next_commit_looks_before_it_stages(
+    counted: Counted, no_recent_contention: None
+) -> None:
+    parent = load_parent(counted.handler, counted.conn.base)
+    winners(counted, 1)
+    first = append(counted, "loser", 0, parent)  # loses once: the table is contended
+    assert first.attempts == 2
+    winners(counted, 1)  # the table moves on while we prepare the next append
+    counted.log.clear()
+
+    second = append(counted, "loser", 1, first)
+
+    assert second.attempts == 1 and second.version == first.version + 2
+    assert counted.ops() == ["Query", "GetObject", *COMMIT]  # no staged-then-lost manifest
+
+
+def test_without_recent_contention_the_holder_of_its_parent_reads_nothing(
+    counted: Counted, no_recent_contention: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = load_parent(counted.handler, counted.conn.base)
+    winners(counted, 1)
+    first = append(counted, "loser", 0, parent)
+    monkeypatch.setattr(contention, "CONTENDED_FOR", 0.0)  # the lost round is long past
+    counted.log.clear()
+    second = append(counted, "loser", 1, first)
+    assert second.attempts == 1 and counted.ops() == COMMIT

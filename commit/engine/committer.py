@@ -1,34 +1,79 @@
-"""The commit loop: check, rebase, build, claim — bounded, for any CommitHandler.
+"""The commit loop: check, rebase, build, claim — for any commit handler, sync or async.
 
-One attempt (Lance's ``commit_transaction``, read top to bottom):
+Written once as steps (:mod:`lancetx.commit.engine.effects`): the loop yields
+effects (read this object, list these versions, claim this version, sleep…)
+and a driver performs them — :func:`commit_transaction` with blocking I/O
+through a :class:`CommitHandler`, :func:`commit_transaction_async` with asyncio
+through an :class:`AsyncCommitHandler`. There is no second copy of the loop.
 
-1. Classify ours against every transaction committed after its read version
-   (loaded in parallel, judged in version order). Incompatible or retryable →
-   a typed error, nothing written. Rebasable → merge (``commit.rebase``).
+Invariants the steps keep:
+
+* A version is only ever claimed through the handler; nothing else makes one.
+* Ours is checked against every version committed after its read version
+  before it is claimed on top of them (loaded in parallel, judged in version
+  order); an incompatible one stops the commit with nothing of ours kept.
+* A transaction already committed since its read version — same idempotency
+  key, or the very same uuid (a retry after an unknown outcome) — is never
+  committed again: that version is returned, ``deduplicated``.
+* Objects this commit wrote (its transaction file, rebased deletion files)
+  are removed only when no version can reference them: after a conflict, a
+  refusal or an exhausted budget, never after an unknown outcome. A staged
+  manifest is the handler's business (it keeps one whose claim is ambiguous).
+* The budget is time (``RetryPolicy.max_elapsed``); a loser waits in
+  proportion to the contention it measured (:mod:`lancetx.commit.engine.contention`).
+
+One attempt, read top to bottom in :func:`_attempts`:
+
+1. Classify ours against the versions committed since (idempotency first).
+   Incompatible or retryable → a typed error. Rebasable → merge (``rebase``).
 2. Build the next manifest from the latest one (a transaction the builder
-   refuses writes nothing), write our transaction file, encode the manifest
-   with the transaction inline.
-3. Ask the handler to claim ``latest + 1``. Won → done. Lost → the handler
-   names the winner; load what was committed since our latest, and go to 1.
+   refuses writes nothing), write our transaction file (once, unless a rebase
+   changed it), encode the manifest with the transaction inline.
+3. Claim ``latest + 1``. Won → done. Lost → load what was committed since our
+   latest (the handler named the winner), wait, and go to 1.
 
 A writer that holds the latest manifest (the one it read, or the one it just
-committed) tries ``latest + 1`` straight away: no listing, no extra read. A
-lost race says who won, so the loser needs no long sleep: it waits a random
-part of one attempt's duration (doubling per further loss), just enough that
-the losers of one round do not all collide again in the next.
+committed) tries ``latest + 1`` straight away: no listing, no extra read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from lancetx.commit.engine import contention
 from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.engine.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
+from lancetx.commit.engine.effects import (
+    ClaimVersion,
+    DeleteObject,
+    Gather,
+    GetObject,
+    GetRange,
+    GetTail,
+    ListVersions,
+    Names,
+    PutObject,
+    ResolveLatest,
+    ResolveVersion,
+    Sleep,
+    Steps,
+    run,
+    run_async,
+)
+from lancetx.commit.engine.events import (
+    CommitEvent,
+    CommitObserver,
+    notify,
+)
+from lancetx.commit.engine.events import (
+    Outcome as EventOutcome,
+)
 from lancetx.commit.engine.operations import (
     COMMIT_MESSAGE_KEY,
     FRAG_REUSE_INDEX_NAME,
@@ -36,13 +81,15 @@ from lancetx.commit.engine.operations import (
     Rewrite,
     Transaction,
 )
-from lancetx.commit.engine.rebase import rebase_transaction
+from lancetx.commit.engine.rebase import rebase_steps
 from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.engine.txn_cache import TRANSACTIONS
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
     InvalidCommitError,
     LancetxError,
+    ManifestFormatError,
     ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
@@ -50,29 +97,48 @@ from lancetx.commit.errors import (
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import (
+    PREFETCH_SIZE,
     ManifestFile,
+    check_reader_flags,
     check_writer_flags,
+    decode_manifest,
+    decode_manifest_tail,
     encode_manifest,
-    read_manifest_at,
 )
 from lancetx.commit.format.naming import NamingScheme, transaction_key
-from lancetx.commit.format.transaction_file import (
-    read_transaction_of,
-    transaction_file_name,
-    write_transaction_file,
-)
+from lancetx.commit.format.transaction_file import decode_transaction, transaction_file_name
 from lancetx.commit.handlers.interface import (
+    AsyncCommitHandler,
     CommitHandler,
     CommitStateUnknownError,
     VersionAlreadyExistsError,
 )
-from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.protos import table_pb2
+from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: How many committed versions are loaded at once while checking conflicts.
 LOAD_PARALLELISM = 8
+
+#: The transaction property holding ``CommitOptions.idempotency_key``.
+IDEMPOTENCY_KEY = "lancetx.idempotency_key"
+
+__all__ = [
+    "IDEMPOTENCY_KEY",
+    "LOAD_PARALLELISM",
+    "CommitOptions",
+    "Committed",
+    "Parent",
+    "RetryPolicy",
+    "commit_steps",
+    "commit_transaction",
+    "commit_transaction_async",
+    "load_parent",
+    "load_parent_async",
+    "load_parent_steps",
+]
 
 
 @dataclass(frozen=True)
@@ -87,6 +153,17 @@ class CommitOptions:
     to a new table (existing tables keep theirs; V2 is pylance 14's default).
     ``inline_transaction`` also embeds the transaction in the manifest, so a
     concurrent writer loads it with the manifest in one GET.
+
+    ``idempotency_key`` (e.g. a Spark job id or a stream's batch id) is stored
+    in the transaction under ``lancetx.idempotency_key``; if a version committed
+    after ours' read version already carries it, that version is returned
+    (``Committed.deduplicated``) instead of committing a second time. The loop
+    checks before claiming and after every lost round; a transaction whose uuid
+    was already committed (a retry after an unknown outcome) is found the same way.
+
+    ``observer`` receives one :class:`~lancetx.commit.engine.events.CommitEvent`
+    per attempt. ``table_uri`` is the URI to name the table by in logs and
+    events (the one the user passed, e.g. ``s3+ddb://…``); default: the store's URI.
     """
 
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -95,17 +172,26 @@ class CommitOptions:
     commit_message: str | None = None
     naming: NamingScheme = NamingScheme.V2
     inline_transaction: bool = True
+    idempotency_key: str | None = None
+    observer: CommitObserver | None = None
+    table_uri: str | None = None
 
 
 @dataclass(frozen=True)
 class Committed:
     """A committed version: where it is, its manifest, and the transaction as committed
-    (after any rebase). Keep it: it is the parent of the next commit, no read needed."""
+    (after any rebase). Keep it: it is the parent of the next commit, no read needed.
+
+    ``deduplicated``: the version was committed earlier with the same idempotency
+    key (or this very transaction); nothing new was committed. ``rebased``: ours
+    was rebased (deletion vectors merged) onto versions committed meanwhile."""
 
     location: ManifestLocation
     manifest: ManifestFile
     transaction: Transaction
     attempts: int
+    deduplicated: bool = False
+    rebased: bool = False
 
     @property
     def version(self) -> int:
@@ -124,15 +210,19 @@ class Parent:
         return self.location.version
 
 
+# ------------------------------------------------------------------ front doors
+
+
 def load_parent(handler: CommitHandler, base: str, version: int | None = None) -> Parent | None:
     """The latest version (or ``version``), or None for a table with no versions."""
-    if version is None:
-        location = handler.resolve_latest(base)
-        if location is None:
-            return None
-    else:
-        location = handler.resolve_version(base, version)
-    return Parent(location, read_manifest_at(handler.store, location))
+    return run(load_parent_steps(handler.store, base, version), handler)
+
+
+async def load_parent_async(
+    handler: AsyncCommitHandler, base: str, version: int | None = None
+) -> Parent | None:
+    """:func:`load_parent` through an :class:`AsyncCommitHandler`."""
+    return await run_async(load_parent_steps(handler.store, base, version), handler)
 
 
 def commit_transaction(
@@ -151,59 +241,224 @@ def commit_transaction(
     ours), ExpectedVersionMismatchError (strict mode), RetriesExhaustedError,
     InvalidCommitError, or the handler's CommitStateUnknownError.
     """
+    steps = commit_steps(handler.store, base, transaction, parent=parent, options=options)
+    return run(steps, handler)
+
+
+async def commit_transaction_async(
+    handler: AsyncCommitHandler,
+    base: str,
+    transaction: Transaction,
+    *,
+    parent: Parent | Committed | None = None,
+    options: CommitOptions | None = None,
+) -> Committed:
+    """:func:`commit_transaction` through an :class:`AsyncCommitHandler` (same steps)."""
+    steps = commit_steps(handler.store, base, transaction, parent=parent, options=options)
+    return await run_async(steps, handler)
+
+
+# ------------------------------------------------------------------------ steps
+
+
+def load_parent_steps(names: Names, base: str, version: int | None = None) -> Steps[Parent | None]:
+    """The latest version (or ``version``) with its manifest; None for a table with none."""
+    if version is None:
+        location: ManifestLocation | None = yield ResolveLatest(base)
+        if location is None:
+            return None
+    else:
+        location = yield ResolveVersion(base, version)
+    manifest = yield from read_manifest_steps(names, location)
+    return Parent(location, manifest)
+
+
+def read_manifest_steps(names: Names, location: ManifestLocation) -> Steps[ManifestFile]:
+    """Read and decode the manifest at ``location`` (its ``alternate_key`` when a
+    staged manifest was finalized and deleted meanwhile); one request when the
+    size is known or the file fits the prefetch."""
+    try:
+        return (yield from _read_manifest(names, location.key, location.size))
+    except ObjectNotFoundError:
+        if location.alternate_key is None:
+            raise
+        return (yield from _read_manifest(names, location.alternate_key, location.size))
+
+
+def _read_manifest(names: Names, key: str, size: int | None) -> Steps[ManifestFile]:
+    path = names.uri(key)
+    tail: tuple[bytes, int] = yield GetTail(key, max(PREFETCH_SIZE, size or 0))
+    buf, total = tail
+    decoded = decode_manifest_tail(buf, total, path=path)
+    if decoded is None:
+        head: bytes = yield GetRange(key, 0, total - len(buf))
+        if len(head) + len(buf) != total:
+            raise ManifestFormatError(
+                path, f"file changed while being read (expected {total} bytes)"
+            )
+        decoded = decode_manifest(head + buf, path=path)
+    check_reader_flags(decoded.manifest, path)
+    return decoded
+
+
+def commit_steps(
+    names: Names,
+    base: str,
+    transaction: Transaction,
+    *,
+    parent: Parent | Committed | None = None,
+    options: CommitOptions | None = None,
+) -> Steps[Committed]:
+    """The whole commit of ``transaction`` as steps (see :func:`commit_transaction`)."""
     options = options or CommitOptions()
-    store = handler.store
-    uri = store.uri(base)
+    uri = names.uri(base)
     ours = _with_properties(transaction, options)
-    current = _as_parent(parent) if parent is not None else load_parent(handler, base)
+    current = (
+        _as_parent(parent) if parent is not None else (yield from load_parent_steps(names, base))
+    )
     _validate(uri, ours, current, options)
-    restore_source = _restore_source(handler, base, ours)
+    restore_source = yield from _restore_source(names, base, ours)
 
     # Versions committed between our read version and the parent we hold.
-    pending: list[tuple[int, Transaction]] = []
+    pending: list[_Loaded] = []
     read_fragments: dict[int, table_pb2.DataFragment] = {}
     if current is not None and current.version > ours.read_version:
-        pending = _load_committed(handler, base, ours.read_version, current.version)
+        pending = yield from _load_committed(names, base, ours.read_version, current.version)
     if current is not None and ours.read_version > 0:
-        read_fragments = _read_fragments(handler, base, ours, current)
+        read_fragments = yield from _read_fragments(names, base, ours, current)
 
     # Objects this commit wrote that no committed version references yet: removed
     # when the commit fails (or they were superseded by a rebase), so a refused or
     # conflicting transaction leaves nothing behind. Never after an unknown outcome.
     written: list[str] = []
+    counter = _Counter()
     try:
-        committed = _attempts(
-            handler, base, ours, current, pending, read_fragments, restore_source, options, written
+        committed: Committed = yield from counter.wrap(
+            _attempts(
+                names,
+                base,
+                ours,
+                current,
+                pending,
+                read_fragments,
+                restore_source,
+                options,
+                written,
+                counter,
+            )
         )
     except CommitStateUnknownError:
         raise
     except LancetxError:
-        _discard(store, written)
+        yield from _discard(names, written)
         raise
-    _discard(store, [k for k in written if k not in _referenced(base, committed.transaction)])
+    yield from _discard(
+        names, [k for k in written if k not in _referenced(base, committed.transaction)]
+    )
     return committed
 
 
+@dataclass
+class _Loaded:
+    """A committed version: its transaction, and its manifest when it was read."""
+
+    version: int
+    transaction: Transaction
+    location: ManifestLocation
+    manifest: ManifestFile | None
+
+
 def _attempts(
-    handler: CommitHandler,
+    names: Names,
     base: str,
     ours: Transaction,
     current: Parent | None,
-    pending: list[tuple[int, Transaction]],
+    pending: list[_Loaded],
     read_fragments: dict[int, table_pb2.DataFragment],
     restore_source: tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None,
     options: CommitOptions,
     written: list[str],
-) -> Committed:
-    """The retry loop of :func:`commit_transaction`; records what it writes in ``written``."""
-    store = handler.store
-    uri = store.uri(base)
+    counter: _Counter,
+) -> Steps[Committed]:
+    """The retry loop of :func:`commit_steps`; records what it writes in ``written``."""
+    uri = names.uri(base)
+    shown = options.table_uri or uri
     policy = options.retry
+    first_read = ours.read_version
     next_version = 1
     txn_bytes = b""
-    for attempt in range(1, policy.max_attempts + 1):
+    began = time.perf_counter()
+    rebased_any = False
+    attempt = 0
+    losses = 0
+    requests_before = 0
+    started = began
+    contended = contention.table_contention(uri)
+
+    def event(outcome: EventOutcome, version: int | None) -> None:
+        notify(
+            options.observer,
+            CommitEvent(
+                table_uri=shown,
+                attempt=attempt,
+                outcome=outcome,
+                read_version=first_read,
+                attempted_version=version,
+                duration_s=time.perf_counter() - started,
+                requests=counter.count - requests_before,
+                transaction_uuid=ours.uuid,
+                operation=ours.operation.name,
+                committed_since_read=max(0, (version or 1) - 1 - first_read),
+            ),
+        )
+
+    while True:
+        if attempt > 0 and _out_of_budget(policy, attempt, began):
+            raise RetriesExhaustedError(
+                uri, ours.uuid, attempt, next_version, time.perf_counter() - began
+            )
+        attempt += 1
+        started = time.perf_counter()
+        requests_before = counter.count
+        if (
+            attempt == 1
+            and not pending
+            and current is not None
+            and options.expected_version is None
+            and contended.refresh_first(time.monotonic())
+        ):
+            # Writers of this process lost rounds on this table moments ago: our
+            # parent is likely stale. One Query now is cheaper than staging,
+            # claiming, losing and deleting.
+            newer = yield from _load_newer(names, base, current.version)
+            if newer:
+                pending = newer
+                current = _newest_parent(newer)
         if pending and current is not None:
-            rebased = _check_and_rebase(handler, base, ours, pending, read_fragments, current)
+            # 1. Judge ours against what was committed since: is it ours already?
+            mine = next((p for p in pending if _is_ours(ours, p.transaction)), None)
+            if mine is not None:
+                at = mine.manifest
+                if at is None:
+                    at = yield from read_manifest_steps(names, mine.location)
+                event("deduplicated", mine.version)
+                log.info(
+                    "%s: transaction %s is already committed as version %d (idempotency key "
+                    "%r); not committing it again",
+                    shown,
+                    ours.uuid,
+                    mine.version,
+                    ours.properties.get(IDEMPOTENCY_KEY),
+                )
+                return Committed(mine.location, at, mine.transaction, attempt, deduplicated=True)
+            try:
+                rebased = yield from _check_and_rebase(
+                    names, base, ours, pending, read_fragments, current
+                )
+            except (RetryableConflictError, IncompatibleConflictError) as conflict:
+                event("conflict", current.version + 1)
+                log.info("%s: %s", shown, conflict)
+                raise
             written.extend(_new_deletion_files(base, ours, rebased))
             if rebased.read_version != ours.read_version:
                 # Rebased onto ``current``: that is now what ours read. A later
@@ -213,6 +468,7 @@ def _attempts(
                 read_fragments = {
                     f.id: f for f in current.manifest.manifest.fragments if f.id in wanted
                 }
+                rebased_any = True
             ours = rebased
             pending = []
         if current is not None and current.location.alternate_key is not None:
@@ -220,9 +476,10 @@ def _attempts(
             # finalizing): finish it before claiming on top of it, so the object store
             # never lags more than one commit behind (a reader that does not know the
             # external store, or a copy of the directory, would see a hole otherwise).
-            current = Parent(handler.resolve_version(base, current.version), current.manifest)
+            finished: ManifestLocation = yield ResolveVersion(base, current.version)
+            current = Parent(finished, current.manifest)
+        # 2. Build, write the transaction file, encode.
         next_version = current.version + 1 if current is not None else 1
-        started = time.perf_counter()
         txn_pb = ours.to_proto()
         # Build first: a transaction the builder refuses must leave nothing behind.
         built = build_manifest(
@@ -233,9 +490,12 @@ def _attempts(
             transaction_file=transaction_file_name(txn_pb),
             restore_source=restore_source,
         )
-        if txn_pb.SerializeToString() != txn_bytes:  # unchanged after a compatible loss: reuse it
-            written.append(transaction_key(base, write_transaction_file(store, base, txn_pb)))
-            txn_bytes = txn_pb.SerializeToString()
+        serialized = txn_pb.SerializeToString()
+        if serialized != txn_bytes:  # unchanged after a compatible loss: reuse the file
+            key = transaction_key(base, transaction_file_name(txn_pb))
+            yield PutObject(key, serialized)
+            written.append(key)
+            txn_bytes = serialized
         # Lance writes an index section only when there are indices.
         indices = list(built.indices) or None
         data = encode_manifest(
@@ -244,9 +504,19 @@ def _attempts(
             transaction=txn_pb if options.inline_transaction else None,
         )
         scheme = current.location.scheme if current is not None else options.naming
+        # 3. Claim.
         try:
-            location = handler.commit(base, next_version, data, scheme)
+            location: ManifestLocation = yield ClaimVersion(base, next_version, data, scheme)
         except CommitStateUnknownError as unknown:
+            event("unknown", next_version)
+            log.warning(
+                "%s: the outcome of claiming version %d for transaction %s is unknown (%s); "
+                "re-open the table and look for the transaction before retrying",
+                shown,
+                next_version,
+                ours.uuid,
+                unknown,
+            )
             if unknown.transaction_uuid == ours.uuid:
                 raise
             # The handler knows its own token (a staged-manifest UUID), not ours: the
@@ -260,18 +530,23 @@ def _attempts(
             ) from unknown
         except VersionAlreadyExistsError:
             if options.expected_version is not None:
-                raise ExpectedVersionMismatchError(
-                    uri, options.expected_version, _latest_version(handler, base, next_version)
-                ) from None
-            log.debug("lost version %d of %s (attempt %d)", next_version, uri, attempt)
+                event("lost", next_version)
+                latest = yield from _latest_version(base, next_version)
+                raise ExpectedVersionMismatchError(uri, options.expected_version, latest) from None
+            losses += 1
+            contended.lost(time.monotonic())
+            log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             slot = time.perf_counter() - started
-            newer = _load_newer(handler, base, current.version if current is not None else 0)
+            newer = yield from _load_newer(
+                names, base, current.version if current is not None else 0
+            )
+            event("lost", next_version)
             if not newer:  # the winner is not visible yet: wait a whole window, then look again
-                time.sleep(policy.window(attempt, slot))
+                yield Sleep(contention.window(policy, losses, slot))
                 continue
-            pending = [(v, t) for v, t, _ in newer]
-            current = newer[-1][2]
-            time.sleep(policy.delay(attempt, slot))
+            pending = newer
+            current = _newest_parent(newer)
+            yield Sleep(contention.delay(policy, losses, slot, advanced=len(newer)))
             continue
         manifest = ManifestFile(
             manifest=built.manifest,
@@ -281,17 +556,77 @@ def _attempts(
             footer_minor=2,
             size=len(data),
         )
-        return Committed(location, manifest, ours, attempt)
-    raise RetriesExhaustedError(uri, ours.uuid, policy.max_attempts, next_version)
+        event("rebased" if rebased_any else "won", next_version)
+        log.info(
+            "%s: committed version %d (%s) in %d attempt(s), %.3f s%s",
+            shown,
+            next_version,
+            ours.operation.name,
+            attempt,
+            time.perf_counter() - began,
+            ", rebased" if rebased_any else "",
+        )
+        return Committed(location, manifest, ours, attempt, rebased=rebased_any)
 
 
 # --------------------------------------------------------------------------- pieces
 
 
-def _latest_version(handler: CommitHandler, base: str, at_least: int) -> int:
+class _Counter:
+    """Counts the storage effects a commit issues (sub-steps of a Gather included)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def _tick(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def wrap(self, steps: Steps[T]) -> Steps[T]:
+        """``steps``, re-yielding each effect and counting it."""
+        result: Any = None
+        error: LancetxError | None = None
+        while True:
+            try:
+                effect = steps.throw(error) if error is not None else steps.send(result)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(effect, Gather):
+                effect = Gather([self.wrap(s) for s in effect.steps], effect.limit)
+            elif not isinstance(effect, Sleep):
+                self._tick()
+            try:
+                result, error = (yield effect), None
+            except LancetxError as exc:
+                result, error = None, exc
+
+
+def _newest_parent(loaded: Sequence[_Loaded]) -> Parent:
+    newest = loaded[-1]
+    assert newest.manifest is not None  # the newest is always read in full
+    return Parent(newest.location, newest.manifest)
+
+
+def _out_of_budget(policy: RetryPolicy, attempt: int, began: float) -> bool:
+    """True when no further attempt may start: the count cap or the time budget is spent."""
+    if attempt >= policy.max_attempts:
+        return True
+    return policy.max_elapsed is not None and time.perf_counter() - began >= policy.max_elapsed
+
+
+def _is_ours(ours: Transaction, theirs: Transaction) -> bool:
+    """Whether a committed transaction is ours already: same uuid, or same idempotency key."""
+    if theirs.uuid == ours.uuid:
+        return True
+    key = ours.properties.get(IDEMPOTENCY_KEY)
+    return bool(key) and theirs.properties.get(IDEMPOTENCY_KEY) == key
+
+
+def _latest_version(base: str, at_least: int) -> Steps[int]:
     """The table's latest version for an error message (``at_least`` if it cannot be read)."""
     try:
-        latest = handler.resolve_latest(base)
+        latest: ManifestLocation | None = yield ResolveLatest(base)
     except LancetxError:
         return at_least
     return max(latest.version, at_least) if latest is not None else at_least
@@ -318,12 +653,12 @@ def _referenced(base: str, txn: Transaction) -> set[str]:
     )
 
 
-def _discard(store: ObjectStore, keys: Sequence[str]) -> None:
+def _discard(names: Names, keys: Sequence[str]) -> Steps[None]:
     for key in keys:
         try:
-            store.delete(key)
+            yield DeleteObject(key)
         except LancetxError as exc:  # an orphan is harmless: nothing references it
-            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)
+            log.warning("could not delete unreferenced %s (%s)", names.uri(key), exc)
 
 
 def _as_parent(parent: Parent | Committed) -> Parent:
@@ -331,12 +666,14 @@ def _as_parent(parent: Parent | Committed) -> Parent:
 
 
 def _with_properties(txn: Transaction, options: CommitOptions) -> Transaction:
-    if not options.properties and options.commit_message is None:
+    if not options.properties and options.commit_message is None and not options.idempotency_key:
         return txn
     props = dict(txn.properties)
     props.update(options.properties)
     if options.commit_message is not None:
         props[COMMIT_MESSAGE_KEY] = options.commit_message
+    if options.idempotency_key:
+        props[IDEMPOTENCY_KEY] = options.idempotency_key
     return dataclasses.replace(txn, properties=props)
 
 
@@ -355,35 +692,47 @@ def _validate(uri: str, ours: Transaction, current: Parent | None, options: Comm
 
 
 def _restore_source(
-    handler: CommitHandler, base: str, ours: Transaction
-) -> tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None:
+    names: Names, base: str, ours: Transaction
+) -> Steps[tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None]:
     if not isinstance(ours.operation, Restore):
         return None
-    source = load_parent(handler, base, ours.operation.version)  # VersionNotFoundError if missing
+    # VersionNotFoundError if missing
+    source = yield from load_parent_steps(names, base, ours.operation.version)
     assert source is not None
     return source.manifest.manifest, list(source.manifest.indices or [])
 
 
 def _load_one(
-    handler: CommitHandler, base: str, location: ManifestLocation
-) -> tuple[int, Transaction, Parent]:
+    names: Names, base: str, location: ManifestLocation, *, need_manifest: bool
+) -> Steps[_Loaded]:
+    """One committed version's transaction (from the process cache when it was
+    loaded before and its manifest is not needed), else from its manifest."""
+    uri = names.uri(base)
+    if not need_manifest:
+        cached = TRANSACTIONS.get(uri, location)
+        if cached is not None:
+            return _Loaded(location.version, cached, location, None)
     try:
-        manifest = read_manifest_at(handler.store, location)
+        manifest = yield from read_manifest_steps(names, location)
     except ObjectNotFoundError:
         raise InvalidCommitError(
-            handler.store.uri(base),
+            uri,
             f"the manifest of version {location.version} is gone ({location.key!r}; cleaned up?), "
             "so concurrent commits cannot be checked against it; re-read the table at its "
             "latest version and plan the transaction again",
         ) from None
-    pb = read_transaction_of(handler.store, base, manifest)
+    pb: transaction_pb2.Transaction | None = manifest.transaction
+    if pb is None and manifest.manifest.transaction_file:
+        key = transaction_key(base, manifest.manifest.transaction_file)
+        raw: bytes = yield GetObject(key)
+        pb = decode_transaction(raw, path=names.uri(key))
     if pb is None:
         raise InvalidCommitError(
-            handler.store.uri(base),
+            uri,
             f"version {location.version} has no transaction (no inline section and no transaction "
             "file), so concurrent commits cannot be checked against it",
         )
-    txn = Transaction.from_proto(pb, source=handler.store.uri(location.key))
+    txn = Transaction.from_proto(pb, source=names.uri(location.key))
     if isinstance(txn.operation, Rewrite):
         # Lance never serializes a rewrite's fragment-reuse index into the
         # transaction; the conflict rules need it, and the version's index
@@ -393,42 +742,43 @@ def _load_one(
             txn = dataclasses.replace(
                 txn, operation=dataclasses.replace(txn.operation, frag_reuse_index=reuse[0])
             )
-    return location.version, txn, Parent(location, manifest)
+    TRANSACTIONS.put(uri, location, txn)
+    return _Loaded(location.version, txn, location, manifest)
 
 
-def _load_newer(
-    handler: CommitHandler, base: str, since: int
-) -> list[tuple[int, Transaction, Parent]]:
-    """Versions committed after ``since``, with their transactions, loaded in parallel.
+def _load_newer(names: Names, base: str, since: int) -> Steps[list[_Loaded]]:
+    """Versions committed after ``since``, with their transactions, loaded in parallel
+    (the newest with its manifest: it is the next parent).
 
     Raises InvalidCommitError when a version in between is missing (cleaned up,
     or hidden by a stale listing): ours cannot be checked against it.
     """
-    locations = handler.list_versions(base, since)
+    locations: list[ManifestLocation] = yield ListVersions(base, since)
     if not locations:
         return []
     versions = [loc.version for loc in locations]
     missing = sorted(set(range(since + 1, versions[-1] + 1)) - set(versions))
     if missing:
         raise InvalidCommitError(
-            handler.store.uri(base),
+            names.uri(base),
             f"version(s) {missing} between {since} and {versions[-1]} cannot be found (cleaned "
             "up, or not listed yet), so concurrent commits cannot be checked against them; "
             "re-read the table at its latest version and plan the transaction again",
         )
-    with ThreadPoolExecutor(max_workers=min(LOAD_PARALLELISM, len(locations))) as pool:
-        loaded = list(pool.map(lambda loc: _load_one(handler, base, loc), locations))
-    return sorted(loaded, key=lambda item: item[0])
+    newest = locations[-1].version
+    loads = [_load_one(names, base, loc, need_manifest=loc.version == newest) for loc in locations]
+    loaded: list[_Loaded] = yield Gather(loads, LOAD_PARALLELISM)
+    return sorted(loaded, key=lambda item: item.version)
 
 
-def _load_committed(
-    handler: CommitHandler, base: str, since: int, until: int
-) -> list[tuple[int, Transaction]]:
-    loaded = [(v, t) for v, t, _ in _load_newer(handler, base, since) if v <= until]
+def _load_committed(names: Names, base: str, since: int, until: int) -> Steps[list[_Loaded]]:
+    loaded = [
+        item for item in (yield from _load_newer(names, base, since)) if item.version <= until
+    ]
     if len(loaded) < until - since:  # contiguous from since + 1, but short of ``until``
         missing = list(range(since + 1 + len(loaded), until + 1))
         raise InvalidCommitError(
-            handler.store.uri(base),
+            names.uri(base),
             f"version(s) {missing} up to the parent {until} are not listed, so concurrent "
             "commits cannot be checked against them; re-read the table and plan again",
         )
@@ -436,32 +786,32 @@ def _load_committed(
 
 
 def _read_fragments(
-    handler: CommitHandler, base: str, ours: Transaction, current: Parent
-) -> dict[int, table_pb2.DataFragment]:
+    names: Names, base: str, ours: Transaction, current: Parent
+) -> Steps[dict[int, table_pb2.DataFragment]]:
     wanted = ours.operation.modified_fragment_ids
     if not wanted:
         return {}
     if current.version == ours.read_version:
         manifest = current.manifest.manifest
     else:
-        read = load_parent(handler, base, ours.read_version)
+        read = yield from load_parent_steps(names, base, ours.read_version)
         assert read is not None
         manifest = read.manifest.manifest
     return {f.id: f for f in manifest.fragments if f.id in wanted}
 
 
 def _check_and_rebase(
-    handler: CommitHandler,
+    names: Names,
     base: str,
     ours: Transaction,
-    pending: Sequence[tuple[int, Transaction]],
+    pending: Sequence[_Loaded],
     read_fragments: Mapping[int, table_pb2.DataFragment],
     latest: Parent,
-) -> Transaction:
-    uri = handler.store.uri(base)
+) -> Steps[Transaction]:
+    uri = names.uri(base)
     stable = bool(latest.manifest.manifest.reader_feature_flags & 2)
     context = ConflictContext(stable_row_ids=stable, read_fragments=read_fragments)
-    verdicts = classify_all(ours, pending, context=context)
+    verdicts = classify_all(ours, [(p.version, p.transaction) for p in pending], context=context)
     blocking = [v for v in verdicts if v.blocks]
     if blocking:
         conflicts = [(v.committed_version, v.theirs.value, v.reason) for v in blocking]
@@ -473,14 +823,16 @@ def _check_and_rebase(
         raise error(uri, ours.uuid, ours.operation.name, ours.read_version, conflicts)
     needed: list[RebaseNeeded] = [v.rebase for v in verdicts if v.rebase is not None]
     if needed:
-        return rebase_transaction(
-            handler.store,
-            base,
-            ours,
-            needed,
-            read_fragments=read_fragments,
-            latest=latest.manifest.manifest,
-            committed_operations={v.committed_version: v.theirs.value for v in verdicts},
+        return (
+            yield from rebase_steps(
+                names,
+                base,
+                ours,
+                needed,
+                read_fragments=read_fragments,
+                latest=latest.manifest.manifest,
+                committed_operations={v.committed_version: v.theirs.value for v in verdicts},
+            )
         )
     # Compatible with everything: Lance keeps the read version for these
     # (it only names the transaction file); the manifest is built on the latest.

@@ -24,9 +24,15 @@ from collections.abc import Mapping, Sequence
 from pyroaring import BitMap
 
 from lancetx.commit.engine.conflicts import RebaseKind, RebaseNeeded
+from lancetx.commit.engine.effects import GetObject, Names, PutObject, Steps, run_store
 from lancetx.commit.engine.operations import DataFragment, Delete, Transaction, Update
 from lancetx.commit.errors import RetryableConflictError
-from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.format.deletion import (
+    check_deletion_base,
+    decode_deletion_vector,
+    deletion_file_key,
+    encode_deletion_vector,
+)
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
 
@@ -49,9 +55,33 @@ def rebase_transaction(
     """``ours`` rebased onto ``latest``; raises RetryableConflictError when it cannot be.
 
     ``committed_operations`` names the operation committed at each version, for
-    the error's ``conflicts`` (``(version, operation, reason)``)."""
-    uri = store.uri(base)
-    names = committed_operations or {}
+    the error's ``conflicts`` (``(version, operation, reason)``). Blocking I/O
+    on ``store``; :func:`rebase_steps` is the same without I/O."""
+    steps = rebase_steps(
+        store,
+        base,
+        ours,
+        needed,
+        read_fragments=read_fragments,
+        latest=latest,
+        committed_operations=committed_operations,
+    )
+    return run_store(steps, store)
+
+
+def rebase_steps(
+    names: Names,
+    base: str,
+    ours: Transaction,
+    needed: Sequence[RebaseNeeded],
+    *,
+    read_fragments: Mapping[int, DataFragment],
+    latest: table_pb2.Manifest,
+    committed_operations: Mapping[int | None, str] | None = None,
+) -> Steps[Transaction]:
+    """:func:`rebase_transaction` as steps (reads and writes deletion files by effects)."""
+    uri = names.uri(base)
+    operation_names = committed_operations or {}
     unsupported = [n for n in needed if n.kind is not RebaseKind.MERGE_DELETION_VECTORS]
     if unsupported:
         kinds = ", ".join(sorted({n.kind.value for n in unsupported}))
@@ -63,7 +93,7 @@ def rebase_transaction(
             [
                 (
                     n.committed_version,
-                    names.get(n.committed_version, n.kind.value),
+                    operation_names.get(n.committed_version, n.kind.value),
                     f"lancetx cannot yet rebase by '{kinds}'; re-read the table and retry",
                 )
                 for n in unsupported
@@ -75,8 +105,8 @@ def rebase_transaction(
         return dataclasses.replace(ours, read_version=latest.version)
     latest_by_id = {f.id: f for f in latest.fragments}
     try:
-        updated, emptied = _merge(
-            store,
+        updated, emptied = yield from _merge(
+            names,
             base,
             op.updated_fragments,
             fragment_ids,
@@ -91,7 +121,7 @@ def rebase_transaction(
             ours.uuid,
             op.name,
             ours.read_version,
-            [(v, names.get(v, "Delete/Update"), overlap.reason) for v in versions],
+            [(v, operation_names.get(v, "Delete/Update"), overlap.reason) for v in versions],
         ) from None
     new_op: Delete | Update
     if isinstance(op, Delete):
@@ -110,14 +140,14 @@ def rebase_transaction(
 
 
 def _merge(
-    store: ObjectStore,
+    names: Names,
     base: str,
     ours: Sequence[DataFragment],
     fragment_ids: frozenset[int],
     read_fragments: Mapping[int, DataFragment],
     latest_by_id: Mapping[int, DataFragment],
     latest_version: int,
-) -> tuple[tuple[DataFragment, ...], tuple[int, ...]]:
+) -> Steps[tuple[tuple[DataFragment, ...], tuple[int, ...]]]:
     # Every fragment is merged and checked before anything is written, so an
     # overlap found on a later fragment leaves no deletion file behind.
     plan: list[tuple[DataFragment, DataFragment | None, BitMap]] = []
@@ -129,10 +159,10 @@ def _merge(
         current = latest_by_id.get(fragment.id)
         if current is None:
             raise _Overlap(f"fragment {fragment.id} was removed by the committed transaction")
-        before = _vector(store, base, read_fragments.get(fragment.id))
-        mine = _vector(store, base, fragment)
+        before = yield from _vector(names, base, read_fragments.get(fragment.id))
+        mine = yield from _vector(names, base, fragment)
         affected = mine - before
-        theirs = _vector(store, base, current)
+        theirs = yield from _vector(names, base, current)
         both = theirs & affected
         if both:
             sample = ", ".join(str(r) for r in list(both)[:5])
@@ -151,14 +181,17 @@ def _merge(
             continue
         rebased = DataFragment()
         rebased.CopyFrom(current)
-        rebased.deletion_file.CopyFrom(
-            write_deletion_vector(store, base, fragment.id, latest_version, merged)
-        )
+        deletion_file, data = encode_deletion_vector(latest_version, merged)
+        yield PutObject(deletion_file_key(base, fragment.id, deletion_file), data)
+        rebased.deletion_file.CopyFrom(deletion_file)
         updated.append(rebased)
     return tuple(updated), tuple(emptied)
 
 
-def _vector(store: ObjectStore, base: str, fragment: DataFragment | None) -> BitMap:
+def _vector(names: Names, base: str, fragment: DataFragment | None) -> Steps[BitMap]:
     if fragment is None or not fragment.HasField("deletion_file"):
         return BitMap()
-    return read_deletion_vector(store, base, fragment.id, fragment.deletion_file)
+    key = deletion_file_key(base, fragment.id, fragment.deletion_file)
+    check_deletion_base(names.uri(key), fragment.deletion_file)
+    data: bytes = yield GetObject(key)
+    return decode_deletion_vector(data, fragment.deletion_file, path=names.uri(key))

@@ -129,14 +129,49 @@ def decode_bitmap_deletions(data: bytes, *, path: str) -> BitMap:
         ) from None
 
 
-def _refuse_other_base(store: ObjectStore, key: str, deletion_file: table_pb2.DeletionFile) -> None:
+def check_deletion_base(uri: str, deletion_file: table_pb2.DeletionFile) -> None:
+    """Refuse a deletion file stored under another base path (``base_id``), which
+    lancetx does not resolve yet: UnsupportedFeatureError naming ``uri``."""
     if deletion_file.HasField("base_id"):
         raise UnsupportedFeatureError(
-            store.uri(key),
+            uri,
             "reader",
             FLAG_BASE_PATHS,
             [f"base_paths (deletion file stored under base path id {deletion_file.base_id})"],
         )
+
+
+def decode_deletion_vector(
+    data: bytes, deletion_file: table_pb2.DeletionFile, *, path: str
+) -> BitMap:
+    """The deleted row offsets held by ``data``, the bytes of ``deletion_file``."""
+    if deletion_file.file_type == table_pb2.DeletionFile.BITMAP:
+        return decode_bitmap_deletions(data, path=path)
+    return decode_arrow_deletions(data, path=path)
+
+
+def encode_deletion_vector(
+    read_version: int,
+    rows: BitMap,
+    *,
+    file_type: table_pb2.DeletionFile.DeletionFileType.ValueType | None = None,
+) -> tuple[table_pb2.DeletionFile, bytes]:
+    """A new deletion file holding ``rows`` (the full, cumulative set): its
+    DeletionFile message (random u64 id, as in Lance) and its bytes. No I/O."""
+    if not rows:
+        raise ValueError("no deleted rows: a fragment without deletions has no deletion file")
+    chosen = choose_file_type(len(rows)) if file_type is None else file_type
+    deletion_file = table_pb2.DeletionFile(
+        file_type=chosen,
+        read_version=read_version,
+        id=secrets.randbits(64),
+        num_deleted_rows=len(rows),
+    )
+    if chosen == table_pb2.DeletionFile.BITMAP:
+        data = bytes(rows.serialize())
+    else:
+        data = encode_arrow_deletions(rows)
+    return deletion_file, data
 
 
 def read_deletion_vector(
@@ -149,12 +184,8 @@ def read_deletion_vector(
     another base path (``base_id``), which lancetx does not resolve yet.
     """
     key = deletion_file_key(base, fragment_id, deletion_file)
-    _refuse_other_base(store, key, deletion_file)
-    data = store.get(key)
-    path = store.uri(key)
-    if deletion_file.file_type == table_pb2.DeletionFile.BITMAP:
-        return decode_bitmap_deletions(data, path=path)
-    return decode_arrow_deletions(data, path=path)
+    check_deletion_base(store.uri(key), deletion_file)
+    return decode_deletion_vector(store.get(key), deletion_file, path=store.uri(key))
 
 
 def write_deletion_vector(
@@ -172,30 +203,21 @@ def write_deletion_vector(
     Lance's choice (:func:`choose_file_type`). The file id is a random u64, as
     in Lance. Returns the DeletionFile to put on the fragment.
     """
-    if not rows:
-        raise ValueError("no deleted rows: a fragment without deletions has no deletion file")
-    chosen = choose_file_type(len(rows)) if file_type is None else file_type
-    deletion_file = table_pb2.DeletionFile(
-        file_type=chosen,
-        read_version=read_version,
-        id=secrets.randbits(64),
-        num_deleted_rows=len(rows),
-    )
-    if chosen == table_pb2.DeletionFile.BITMAP:
-        data = bytes(rows.serialize())
-    else:
-        data = encode_arrow_deletions(rows)
+    deletion_file, data = encode_deletion_vector(read_version, rows, file_type=file_type)
     store.put(deletion_file_key(base, fragment_id, deletion_file), data)
     return deletion_file
 
 
 __all__ = [
     "BITMAP_THRESHOLD",
+    "check_deletion_base",
     "choose_file_type",
     "decode_arrow_deletions",
     "decode_bitmap_deletions",
+    "decode_deletion_vector",
     "deletion_file_key",
     "encode_arrow_deletions",
+    "encode_deletion_vector",
     "read_deletion_vector",
     "write_deletion_vector",
 ]

@@ -307,26 +307,37 @@ def decode_manifest(data: bytes, *, path: str) -> ManifestFile:
     return _decode(bytes(data), 0, len(data), path)
 
 
+def decode_manifest_tail(buf: bytes, total: int, *, path: str) -> ManifestFile | None:
+    """Decode a manifest file of ``total`` bytes from its last ``len(buf)`` bytes.
+
+    None when the tail is not enough: the caller then fetches bytes
+    ``[0, total - len(buf))`` and decodes the whole file with
+    :func:`decode_manifest` (one more request for a large manifest). No I/O, so
+    sync and async readers share it. Feature flags are not checked here.
+    """
+    try:
+        return _decode(bytes(buf), total - len(buf), total, path)
+    except _NeedBytes:
+        return None
+
+
 def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> ManifestFile:
     """Read and decode the manifest at ``key``, refusing unknown reader features.
 
-    One ``get_tail`` request reads manifests up to 64 KiB (sections included);
-    a larger file takes one more ``get_range`` for the part before the tail.
-    ``size`` is accepted for symmetry with ManifestLocation but not needed: the
-    tail request reports the size. Raises ObjectNotFoundError,
-    ManifestFormatError or UnsupportedFeatureError (path = ``store.uri(key)``).
+    One ``get_tail`` request reads manifests up to 64 KiB (sections included),
+    or up to ``size`` when the caller knows the file's size (an external-store
+    entry records it); otherwise a larger file takes one more ``get_range`` for
+    the part before the tail. Raises ObjectNotFoundError, ManifestFormatError
+    or UnsupportedFeatureError (path = ``store.uri(key)``).
     """
-    del size
     path = store.uri(key)
-    buf, total = store.get_tail(key, PREFETCH_SIZE)
-    start = total - len(buf)
-    try:
-        decoded = _decode(buf, start, total, path)
-    except _NeedBytes:
+    buf, total = store.get_tail(key, max(PREFETCH_SIZE, size or 0))
+    decoded = decode_manifest_tail(buf, total, path=path)
+    if decoded is None:
         # Everything before the manifest is its sections (and, in legacy files,
         # dictionary values): fetch all of it at once, so a large manifest costs
         # exactly one more request.
-        buf = store.get_range(key, 0, start) + buf
+        buf = store.get_range(key, 0, total - len(buf)) + buf
         if len(buf) != total:
             raise ManifestFormatError(
                 path, f"file changed while being read (expected {total} bytes, got {len(buf)})"
@@ -365,6 +376,7 @@ __all__ = [
     "check_writer_flags",
     "clear_file_positions",
     "decode_manifest",
+    "decode_manifest_tail",
     "encode_manifest",
     "read_manifest",
     "read_manifest_at",

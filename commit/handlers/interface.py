@@ -10,11 +10,16 @@ conditional PUT on S3 that supports it, or a conditional PutItem in DynamoDB
 from __future__ import annotations
 
 import abc
+from typing import TYPE_CHECKING
 
 from lancetx.commit.errors import CommitError
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.objectstore import ObjectStore
+
+if TYPE_CHECKING:
+    # Only for annotations: the sync import graph never imports aioboto3.
+    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 
 class VersionAlreadyExistsError(CommitError):
@@ -76,3 +81,33 @@ class CommitHandler(abc.ABC):
         """Make ``manifest`` (already encoding ``version``) the manifest of
         ``version``, atomically. Raises VersionAlreadyExistsError if another
         writer holds ``version``; CommitStateUnknownError if that cannot be told."""
+
+
+class AsyncCommitHandler(abc.ABC):
+    """The asyncio twin of :class:`CommitHandler`: the same four operations,
+    awaitable, over an :class:`~lancetx.commit.storage.s3store_async.AsyncObjectStore`.
+
+    :func:`lancetx.commit.engine.committer.commit_transaction_async` drives the
+    same commit loop through it as :func:`commit_transaction` drives through a
+    :class:`CommitHandler`.
+    """
+
+    store: AsyncObjectStore
+
+    @abc.abstractmethod
+    async def resolve_latest(self, base: str) -> ManifestLocation | None:
+        """The newest committed version, or None if the table has none."""
+
+    @abc.abstractmethod
+    async def resolve_version(self, base: str, version: int) -> ManifestLocation:
+        """The location of ``version``. Raises VersionNotFoundError."""
+
+    @abc.abstractmethod
+    async def list_versions(self, base: str, since: int = 0) -> list[ManifestLocation]:
+        """Committed versions greater than ``since``, ascending."""
+
+    @abc.abstractmethod
+    async def commit(
+        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+    ) -> ManifestLocation:
+        """See :meth:`CommitHandler.commit`."""

@@ -1,0 +1,309 @@
+"""The effects the commit loop asks for, and the drivers that perform them.
+
+The loop (:mod:`lancetx.commit.engine.committer`) and the rebase
+(:mod:`lancetx.commit.engine.rebase`) are generators: they *yield* an effect
+(read this object, claim this version, sleep, run these sub-steps side by
+side…) and receive its result, or have its error thrown in. They do no I/O of
+their own, so one implementation is driven by :func:`run` (blocking: a
+:class:`CommitHandler`, threads for :class:`Gather`) and by :func:`run_async`
+(an :class:`AsyncCommitHandler`, tasks for :class:`Gather`) — the same shape as
+:mod:`lancetx.externalstore.protocol`, one level up.
+
+Only :class:`~lancetx.commit.errors.LancetxError` is thrown back into the
+steps; anything else is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from lancetx.commit.errors import LancetxError
+from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.handlers.interface import CommitHandler
+
+if TYPE_CHECKING:
+    from lancetx.commit.handlers.interface import AsyncCommitHandler
+    from lancetx.commit.storage.objectstore import ObjectStore
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- object store
+
+
+@dataclass(frozen=True)
+class GetObject:
+    """A whole object (result: bytes; ObjectNotFoundError)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class GetRange:
+    """Bytes ``[start, end)`` of an object (result: bytes)."""
+
+    key: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class GetTail:
+    """The last ``length`` bytes and the object's size, in one request (result: (bytes, int))."""
+
+    key: str
+    length: int
+
+
+@dataclass(frozen=True)
+class PutObject:
+    """Write (or overwrite) an object (result: ignored)."""
+
+    key: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class DeleteObject:
+    """Delete an object; missing is fine (result: None)."""
+
+    key: str
+
+
+# --------------------------------------------------------------------- handler
+
+
+@dataclass(frozen=True)
+class ResolveLatest:
+    """The newest committed version (result: ManifestLocation | None)."""
+
+    base: str
+
+
+@dataclass(frozen=True)
+class ResolveVersion:
+    """The location of ``version`` (result: ManifestLocation; VersionNotFoundError)."""
+
+    base: str
+    version: int
+
+
+@dataclass(frozen=True)
+class ListVersions:
+    """Committed versions after ``since``, ascending (result: list[ManifestLocation])."""
+
+    base: str
+    since: int
+
+
+@dataclass(frozen=True)
+class ClaimVersion:
+    """The handler's atomic commit of ``version`` (result: ManifestLocation;
+    VersionAlreadyExistsError, CommitStateUnknownError)."""
+
+    base: str
+    version: int
+    manifest: bytes
+    scheme: NamingScheme
+
+
+# --------------------------------------------------------------------- control
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait ``seconds`` (result: None)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Run ``steps`` side by side, at most ``limit`` at once (result: their
+    results, in order). If any fails, the first failure (in order) is thrown in
+    once all have finished."""
+
+    steps: Sequence[Generator[Any, Any, Any]]
+    limit: int
+
+
+Effect = (
+    GetObject
+    | GetRange
+    | GetTail
+    | PutObject
+    | DeleteObject
+    | ResolveLatest
+    | ResolveVersion
+    | ListVersions
+    | ClaimVersion
+    | Sleep
+    | Gather
+)
+Steps = Generator[Effect, Any, T]
+
+
+class Names(Protocol):
+    """What steps may know of a store without I/O: the URI of a key, for messages."""
+
+    def uri(self, key: str) -> str: ...
+
+
+# --------------------------------------------------------------------- drivers
+
+
+class _Outcome:
+    """A result or a LancetxError, to carry either across a thread or task boundary."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any = None, error: LancetxError | None = None) -> None:
+        self.value = value
+        self.error = error
+
+
+def _gathered(outcomes: Sequence[_Outcome]) -> _Outcome:
+    for outcome in outcomes:
+        if outcome.error is not None:
+            return outcome
+    return _Outcome([o.value for o in outcomes])
+
+
+def _advance(steps: Steps[T], last: _Outcome) -> tuple[bool, Any]:
+    """Send ``last`` into ``steps``: (True, next effect) or (False, the steps' return value)."""
+    try:
+        if last.error is not None:
+            return True, steps.throw(last.error)
+        return True, steps.send(last.value)
+    except StopIteration as stop:
+        return False, stop.value
+
+
+def run(steps: Steps[T], handler: CommitHandler) -> T:
+    """Drive ``steps`` with blocking I/O through ``handler`` and its store."""
+    return _run_with(steps, handler.store, handler)
+
+
+def run_store(steps: Steps[T], store: ObjectStore) -> T:
+    """Drive ``steps`` that only touch objects (a rebase) with blocking I/O."""
+    return _run_with(steps, store, None)
+
+
+def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None) -> T:
+    def perform(effect: Effect) -> Any:
+        match effect:
+            case GetObject(key):
+                return store.get(key)
+            case GetRange(key, start, end):
+                return store.get_range(key, start, end)
+            case GetTail(key, length):
+                return store.get_tail(key, length)
+            case PutObject(key, data):
+                return store.put(key, data)
+            case DeleteObject(key):
+                return store.delete(key)
+            case Sleep(seconds):
+                time.sleep(seconds)
+                return None
+            case Gather(subs, limit):
+                return _gather_threads(subs, limit)
+        if handler is None:
+            raise TypeError(f"{type(effect).__name__} needs a commit handler")
+        match effect:
+            case ResolveLatest(base):
+                return handler.resolve_latest(base)
+            case ResolveVersion(base, version):
+                return handler.resolve_version(base, version)
+            case ListVersions(base, since):
+                return handler.list_versions(base, since)
+            case ClaimVersion(base, version, manifest, scheme):
+                return handler.commit(base, version, manifest, scheme)
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def one(sub: Steps[Any]) -> _Outcome:
+        try:
+            return _Outcome(_run_with(sub, store, handler))
+        except LancetxError as exc:
+            return _Outcome(error=exc)
+
+    def _gather_threads(subs: Sequence[Steps[Any]], limit: int) -> _Outcome:
+        if len(subs) <= 1 or limit <= 1:
+            return _gathered([one(sub) for sub in subs])
+        with ThreadPoolExecutor(max_workers=min(limit, len(subs))) as pool:
+            return _gathered(list(pool.map(one, subs)))
+
+    last = _Outcome()
+    while True:
+        running, effect = _advance(steps, last)
+        if not running:
+            return effect  # type: ignore[no-any-return]
+        try:
+            result = perform(effect)
+        except LancetxError as exc:
+            last = _Outcome(error=exc)
+            continue
+        last = result if isinstance(result, _Outcome) else _Outcome(result)
+
+
+async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
+    """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
+    store = handler.store
+    performers: dict[type, Callable[[Any], Awaitable[Any]]] = {
+        GetObject: lambda e: store.get(e.key),
+        GetRange: lambda e: store.get_range(e.key, e.start, e.end),
+        GetTail: lambda e: store.get_tail(e.key, e.length),
+        PutObject: lambda e: store.put(e.key, e.data),
+        DeleteObject: lambda e: store.delete(e.key),
+        ResolveLatest: lambda e: handler.resolve_latest(e.base),
+        ResolveVersion: lambda e: handler.resolve_version(e.base, e.version),
+        ListVersions: lambda e: handler.list_versions(e.base, e.since),
+        ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme),
+        Sleep: lambda e: asyncio.sleep(e.seconds),
+    }
+
+    async def one(sub: Steps[Any], gate: asyncio.Semaphore) -> _Outcome:
+        async with gate:
+            try:
+                return _Outcome(await run_async(sub, handler))
+            except LancetxError as exc:
+                return _Outcome(error=exc)
+
+    last = _Outcome()
+    while True:
+        running, effect = _advance(steps, last)
+        if not running:
+            return effect  # type: ignore[no-any-return]
+        if isinstance(effect, Gather):
+            gate = asyncio.Semaphore(max(1, effect.limit))
+            last = _gathered(await asyncio.gather(*(one(sub, gate) for sub in effect.steps)))
+            continue
+        try:
+            last = _Outcome(await performers[type(effect)](effect))
+        except LancetxError as exc:
+            last = _Outcome(error=exc)
+
+
+__all__ = [
+    "ClaimVersion",
+    "DeleteObject",
+    "Effect",
+    "Gather",
+    "GetObject",
+    "GetRange",
+    "GetTail",
+    "ListVersions",
+    "Names",
+    "PutObject",
+    "ResolveLatest",
+    "ResolveVersion",
+    "Sleep",
+    "Steps",
+    "run",
+    "run_async",
+    "run_store",
+]
