@@ -8,21 +8,34 @@ The verbs are the very same code as :class:`lancetx.Table`'s
 (:class:`~lancetx.table.TableVerbs`) and so are the verb steps
 (:func:`lancetx.committing.verb_steps`); only the driver differs. pylance's data
 plane is synchronous, so plans and reads run in worker threads
-(``asyncio.to_thread``); the commit goes through the commit loop's async entry
-point when this lancetx has one (``commit_transaction_async`` with an async handler),
-else the synchronous loop runs in a worker thread.
+(``asyncio.to_thread``). Commits of ``s3+ddb://`` tables go through the commit
+loop's async entry point (``commit_transaction_async``, aioboto3); other tables
+(``s3://``, local paths) have no async handler, so their commit loop runs in a
+worker thread. An AsyncTable opens its aioboto3 clients on its first verb and keeps
+them; ``async with table:`` (or ``await table.aclose()``) closes them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from lancetx.commit.engine.committer import commit_transaction, load_parent
+from lancetx.commit.engine.committer import (
+    commit_transaction,
+    commit_transaction_async,
+    load_parent,
+    load_parent_async,
+)
 from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.commit.handlers.interface import AsyncCommitHandler
+from lancetx.commit.storage.s3store import S3Config
+from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.committing import (
     Commit,
     CommitArgs,
@@ -37,7 +50,11 @@ from lancetx.committing import (
     verb_steps,
 )
 from lancetx.errors import ReadOnlyTableError, TableExistsError
-from lancetx.history import VersionInfo, find_idempotency_key, load_history
+from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
+from lancetx.externalstore.dynamodb import DynamoDBConfig
+from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.uri import parse_ddb_uri
+from lancetx.history import VersionInfo, load_history
 from lancetx.state import TableState
 from lancetx.table import Table, TableVerbs, _args
 from lancetx.verbs.writing import FragmentsPlan, WritePlan
@@ -46,8 +63,32 @@ if TYPE_CHECKING:
     from lance import LanceDataset
 
 
-async def _commit(state: TableState, effect: Commit) -> Any:
+@asynccontextmanager
+async def open_async_handler(state: TableState) -> AsyncIterator[AsyncCommitHandler | None]:
+    """An async commit handler (aioboto3) for an ``s3+ddb://`` table, closed on exit;
+    None for other tables (their commits run the synchronous loop in a worker thread)."""
+    uri = state.uri
+    if not uri.lower().startswith("s3+ddb://"):
+        yield None
+        return
+    parsed = parse_ddb_uri(uri)
+    options = state.conn.storage_options
+    bucket = urlsplit(parsed.s3_uri).netloc
+    async with (
+        AsyncS3ObjectStore(bucket, config=S3Config.from_options(options), legacy=True) as store,
+        AsyncDynamoDBManifestStore.open(
+            parsed.table_name, DynamoDBConfig.from_options(options)
+        ) as entries,
+    ):
+        yield AsyncExternalStoreCommitHandler(store, entries)
+
+
+async def _commit(state: TableState, handler: AsyncCommitHandler | None, effect: Commit) -> Any:
     conn = state.conn
+    if handler is not None:
+        return await commit_transaction_async(
+            handler, conn.base, effect.txn, parent=effect.parent, options=effect.options
+        )
     return await asyncio.to_thread(
         commit_transaction,
         conn.handler,
@@ -58,10 +99,36 @@ async def _commit(state: TableState, effect: Commit) -> Any:
     )
 
 
+async def _load_latest(state: TableState, handler: AsyncCommitHandler | None) -> Any:
+    if handler is not None:
+        return await load_parent_async(handler, state.conn.base)
+    return await asyncio.to_thread(load_parent, state.conn.handler, state.conn.base)
+
+
 async def run_verb_async(
-    state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags
+    state: TableState,
+    plan: Plan,
+    args: CommitArgs,
+    flags: VerbFlags,
+    handler: AsyncCommitHandler | None = None,
 ) -> CommitResult:
-    """Plan and commit one verb: :func:`~lancetx.committing.verb_steps`, driven with await."""
+    """Plan and commit one verb: :func:`~lancetx.committing.verb_steps`, driven with await.
+
+    ``handler``: an open async commit handler to use; when None, one is opened for
+    this verb (``s3+ddb://`` tables) and closed after it."""
+    if handler is None and state.uri.lower().startswith("s3+ddb://"):
+        async with open_async_handler(state) as opened:
+            return await _drive(state, plan, args, flags, opened)
+    return await _drive(state, plan, args, flags, handler)
+
+
+async def _drive(
+    state: TableState,
+    plan: Plan,
+    args: CommitArgs,
+    flags: VerbFlags,
+    handler: AsyncCommitHandler | None,
+) -> CommitResult:
     conn = state.conn
     steps = verb_steps(state, plan, args, flags)
     send: Any = None
@@ -75,15 +142,13 @@ async def run_verb_async(
         send, error = None, None
         try:
             if isinstance(effect, FindKey):
-                send = await asyncio.to_thread(
-                    find_idempotency_key, conn.handler, conn.base, effect.key
-                )
+                send = await asyncio.to_thread(state.find_idempotency_key, effect.key)
             elif isinstance(effect, LoadLatest):
-                send = await asyncio.to_thread(load_parent, conn.handler, conn.base)
+                send = await _load_latest(state, handler)
             elif isinstance(effect, RunPlan):
                 send = await asyncio.to_thread(effect.plan, effect.ctx)
             elif isinstance(effect, Commit):
-                send = await _commit(state, effect)
+                send = await _commit(state, handler, effect)
             elif isinstance(effect, Discard):
                 await asyncio.to_thread(discard, conn.handler.store, effect.keys)
         except BaseException as exc:  # thrown into the steps, which decide
@@ -100,6 +165,37 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         self._state = state
         self._pinned = pinned
         self.last_commit: CommitResult | None = None
+        self._handler: AsyncCommitHandler | None = None
+        self._stack: AsyncExitStack | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def __aenter__(self) -> AsyncTable:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the aioboto3 clients this table opened (``async with table:`` does it)."""
+        stack, self._stack, self._handler, self._loop = self._stack, None, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _commit_handler(self) -> AsyncCommitHandler | None:
+        # aioboto3 clients belong to the event loop that opened them: one set per
+        # table and loop, opened on the first verb (opening costs far more than a commit).
+        loop = asyncio.get_running_loop()
+        if self._stack is not None and self._loop is loop:
+            return self._handler
+        stack = AsyncExitStack()
+        handler = await stack.enter_async_context(open_async_handler(self._state))
+        self._stack, self._handler, self._loop = stack, handler, loop
+        return handler
 
     @property
     def uri(self) -> str:
@@ -133,7 +229,8 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return self._drive(plan, args, flags or VerbFlags())
 
     async def _drive(self, plan: Plan, args: CommitArgs, flags: VerbFlags) -> int:
-        result = await run_verb_async(self._state, plan, args, flags)
+        handler = await self._commit_handler()
+        result = await run_verb_async(self._state, plan, args, flags, handler)
         self.last_commit = result
         return result.version
 
@@ -208,6 +305,8 @@ async def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    table = AsyncTable(state)
+    # The table's own clients commit the write, and stay open for its next verbs.
     result = await run_verb_async(
         state,
         plan,
@@ -218,8 +317,8 @@ async def write_table(
             needs_table=False,
             on_exists="fail" if mode == "create" else "append",
         ),
+        await table._commit_handler(),
     )
-    table = AsyncTable(state)
     table.last_commit = result
     return table
 

@@ -49,7 +49,6 @@ from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import TableExistsError
-from lancetx.history import IDEMPOTENCY_KEY_PROPERTY, find_idempotency_key
 from lancetx.protos import table_pb2
 from lancetx.state import TableState
 
@@ -88,18 +87,14 @@ class CommitArgs:
     idempotency_key: str | None = None
     expected_version: int | None = None
 
-    def options(self) -> CommitOptions:
-        props = dict(self.properties or {})
-        kwargs: dict[str, Any] = {
-            "commit_message": self.commit_message,
-            "expected_version": self.expected_version,
-        }
-        if self.idempotency_key is not None:
-            if "idempotency_key" in {f.name for f in dataclasses.fields(CommitOptions)}:
-                kwargs["idempotency_key"] = self.idempotency_key
-            # Stored either way, so the key is found in history by any lancetx version.
-            props[IDEMPOTENCY_KEY_PROPERTY] = self.idempotency_key
-        return CommitOptions(properties=props, **kwargs)
+    def options(self, table_uri: str | None = None) -> CommitOptions:
+        return CommitOptions(
+            properties=dict(self.properties or {}),
+            commit_message=self.commit_message,
+            expected_version=self.expected_version,
+            idempotency_key=self.idempotency_key,
+            table_uri=table_uri,
+        )
 
 
 @dataclass
@@ -287,7 +282,7 @@ def verb_steps(
     while True:
         plans += 1
         creating = parent is None
-        options = args.options()
+        options = args.options(state.uri)
         if creating and options.expected_version is None:
             # Creating is strict: if another writer created the table first, ours
             # must not replace its rows; it becomes an append (or fails) below.
@@ -350,7 +345,7 @@ def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) 
         send, error = None, None
         try:
             if isinstance(effect, FindKey):
-                send = find_idempotency_key(conn.handler, conn.base, effect.key)
+                send = state.find_idempotency_key(effect.key)
             elif isinstance(effect, LoadLatest):
                 send = load_parent(conn.handler, conn.base)
             elif isinstance(effect, RunPlan):

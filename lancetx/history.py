@@ -12,14 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
 from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY, Transaction
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile, read_manifest_at
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
 
-#: Transaction property holding a commit's idempotency key (shared with the commit loop).
-IDEMPOTENCY_KEY_PROPERTY = "lancetx.idempotency_key"
+#: Transaction property holding a commit's idempotency key (the commit loop's).
+IDEMPOTENCY_KEY_PROPERTY = IDEMPOTENCY_KEY
 
 #: Versions loaded at once while reading history.
 HISTORY_PARALLELISM = 8

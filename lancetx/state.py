@@ -43,6 +43,10 @@ class TableState:
     parent: Parent | None = None
     _datasets: dict[int, LanceDataset] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Idempotency keys of versions already read (a committed version never changes),
+    #: so repeated keyed commits only read the versions they have not seen.
+    _keys: dict[int, str | None] = field(default_factory=dict, repr=False)
+    _keys_upto: int = field(default=0, repr=False)
 
     @classmethod
     def connect(cls, uri: str, storage_options: Mapping[str, str] | None) -> TableState:
@@ -72,6 +76,22 @@ class TableState:
         with self._lock:
             if self.parent is None or parent.version >= self.parent.version:
                 self.parent = parent
+
+    def find_idempotency_key(self, key: str) -> int | None:
+        """The newest version committed with idempotency ``key``, or None. Reads only
+        the versions this process has not seen yet (all of them the first time)."""
+        from lancetx.history import iter_history_newest_first
+
+        handler, base = self.conn.handler, self.conn.base
+        with self._lock:
+            known, upto = dict(self._keys), self._keys_upto
+        for info in iter_history_newest_first(handler, base, since=upto):
+            known[info.version] = info.idempotency_key
+        with self._lock:
+            self._keys.update(known)
+            self._keys_upto = max(self._keys_upto, max(known, default=0))
+        matches = [v for v, k in known.items() if k == key]
+        return max(matches) if matches else None
 
     def require_parent(self) -> Parent:
         parent = self.parent if self.parent is not None else self.refresh()

@@ -17,7 +17,7 @@ from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
 from lancetx.convert import to_transaction
 from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
-from lancetx.history import VersionInfo, find_idempotency_key, load_history
+from lancetx.history import VersionInfo, load_history
 from lancetx.state import TableState
 from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
 from lancetx.verbs.maintenance import (
@@ -443,7 +443,7 @@ class Table(TableVerbs[int]):
 
     def find_idempotency_key(self, key: str) -> int | None:
         """The version committed with idempotency key ``key`` (newest first), or None."""
-        return find_idempotency_key(self._state.conn.handler, self._state.conn.base, key)
+        return self._state.find_idempotency_key(key)
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
         if self._pinned is not None:

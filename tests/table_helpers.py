@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import lance
@@ -18,11 +19,14 @@ import lancetx
 import lancetx.aio
 
 
-@dataclass(frozen=True)
+@dataclass
 class Api:
-    """The sync (``lancetx``) or async (``lancetx.aio``) front door."""
+    """The sync (``lancetx``) or async (``lancetx.aio``) front door; the async one runs
+    every call on one event loop (as an application would) and closes its tables."""
 
     name: str
+    loop: asyncio.AbstractEventLoop | None = None
+    tables: list[Any] = field(default_factory=list)
 
     @property
     def is_async(self) -> bool:
@@ -30,16 +34,29 @@ class Api:
 
     def run(self, value: Any) -> Any:
         if inspect.isawaitable(value):
-            return asyncio.run(_await(value))
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            return self.loop.run_until_complete(_await(value))
         return value
+
+    def close(self) -> None:
+        if self.loop is not None:
+            for table in self.tables:
+                self.loop.run_until_complete(table.aclose())
+            self.loop.close()
+
+    def _keep(self, table: Any) -> Any:
+        if self.is_async:
+            self.tables.append(table)
+        return table
 
     def write_table(self, uri: str, data: Any, **kwargs: Any) -> Any:
         module: Any = lancetx.aio if self.is_async else lancetx
-        return self.run(module.write_table(uri, data, **kwargs))
+        return self._keep(self.run(module.write_table(uri, data, **kwargs)))
 
     def open(self, uri: str, options: dict[str, str] | None, **kwargs: Any) -> Any:
         module: Any = lancetx.aio if self.is_async else lancetx
-        return self.run(module.open(uri, options, **kwargs))
+        return self._keep(self.run(module.open(uri, options, **kwargs)))
 
     def commit_fragments(self, uri: str, fragments: Any, **kwargs: Any) -> Any:
         module: Any = lancetx.aio if self.is_async else lancetx
@@ -81,3 +98,12 @@ def data_files(s3_client: Any, bucket: str, prefix: str) -> set[str]:
     for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         keys.update(obj["Key"] for obj in page.get("Contents", []))
     return keys
+
+
+def api_fixture(request: Any) -> Iterator[Api]:
+    """Body of the ``api`` fixture: the flavour named by the parameter, closed after."""
+    api = Api(request.param)
+    try:
+        yield api
+    finally:
+        api.close()

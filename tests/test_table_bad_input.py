@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pytest
 from lance import LanceOperation
 from lance.fragment import write_fragments
-from table_helpers import Api, data_files, ddb_uri, ids, pylance_rows
+from table_helpers import Api, api_fixture, data_files, ddb_uri, ids, pylance_rows
 
 import lancetx
 from lancetx.externalstore.dynamodb import create_table
@@ -18,8 +19,8 @@ from lancetx.externalstore.embedded import EmbeddedAws
 
 
 @pytest.fixture(params=["sync", "async"])
-def api(request: pytest.FixtureRequest) -> Api:
-    return Api(request.param)
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    yield from api_fixture(request)
 
 
 @pytest.fixture

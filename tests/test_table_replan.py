@@ -7,12 +7,13 @@ compaction of the same fragments. All three land; pylance reads the right rows.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import lance
 import pytest
-from table_helpers import Api, ddb_uri, ids
+from table_helpers import Api, api_fixture, ddb_uri, ids
 
 import lancetx
 from lancetx.commit.errors import RetryableConflictError
@@ -24,8 +25,8 @@ EXPECTED = [i for i in range(200) if not 40 <= i < 100]
 
 
 @pytest.fixture(params=["sync", "async"])
-def api(request: pytest.FixtureRequest) -> Api:
-    return Api(request.param)
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    yield from api_fixture(request)
 
 
 @pytest.fixture

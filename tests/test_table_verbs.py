@@ -6,6 +6,7 @@ committed version, and history() shows the commit message and properties.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -13,7 +14,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from table_helpers import Api, ddb_uri, ids, pylance_rows
+from table_helpers import Api, api_fixture, ddb_uri, ids, pylance_rows
 
 import lancetx
 from lancetx.externalstore.dynamodb import create_table
@@ -21,8 +22,8 @@ from lancetx.externalstore.embedded import EmbeddedAws
 
 
 @pytest.fixture(params=["sync", "async"])
-def api(request: pytest.FixtureRequest) -> Api:
-    return Api(request.param)
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    yield from api_fixture(request)
 
 
 @pytest.fixture
