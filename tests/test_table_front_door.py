@@ -66,7 +66,7 @@ def test_s3_with_conditional_put(aws: EmbeddedAws, bucket: str) -> None:
 
 def test_plain_s3_on_a_legacy_store_is_refused(aws: EmbeddedAws, bucket: str) -> None:
     options = {**aws.pylance_storage_options(), "lancetx_legacy_s3": "true"}
-    with pytest.raises(LancetxError, match="s3\\+ddb|legacy|conditional"):
+    with pytest.raises(LancetxError, match=r"s3\+ddb|legacy|conditional"):
         lancetx.write_table(f"s3://{bucket}/t.lance", ids(1), storage_options=options)
 
 
