@@ -327,7 +327,26 @@ def verb_steps(
         if leftovers:
             yield Discard(leftovers)
         state.remember(committed)
-        return result_of(committed, plans)
+        follow_up = _follow_up(plan, committed, args)
+        if follow_up is None:
+            return result_of(committed, plans)
+        # A verb made of two commits (compact, then index its new fragments): the
+        # second plans on the version the first committed, with no read.
+        plan, args = follow_up
+        parent = Parent(committed.location, committed.manifest)
+
+
+def _follow_up(
+    plan: Plan, committed: Committed, args: CommitArgs
+) -> tuple[Plan, CommitArgs] | None:
+    then = getattr(plan, "then", None)
+    if then is None or getattr(committed, "deduplicated", False):
+        return None
+    nxt: Plan | None = then(Parent(committed.location, committed.manifest))
+    if nxt is None:
+        return None
+    # Same message and properties; the key belongs to the first commit only.
+    return nxt, dataclasses.replace(args, idempotency_key=None, expected_version=None)
 
 
 def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) -> CommitResult:

@@ -222,13 +222,25 @@ def test_compact(api: Api, uri: str, options: dict[str, str]) -> None:
     assert api.run(table.compact()) == v  # nothing left to compact: no new version
 
 
-def test_compact_keeps_an_index_correct(api: Api, uri: str, options: dict[str, str]) -> None:
+def test_compact_keeps_indices_covering_every_row(
+    api: Api, uri: str, options: dict[str, str]
+) -> None:
     table = _created(api, uri, options, n=20, max_rows_per_file=4)
     api.run(table.create_index("id", "BTREE"))
-    v = api.run(table.compact())
+    api.run(table.create_index("name", "BITMAP"))
+    v = api.run(table.compact(commit_message="tidy"))
     ds = lance.dataset(uri, version=v, storage_options=options)
+    assert len(ds.get_fragments()) == 1
+    # the rewritten rows are indexed again (a new segment each), not left unindexed
+    assert {i.name: i.num_rows_indexed for i in ds.describe_indices()} == {
+        "id_idx": 20,
+        "name_idx": 20,
+    }
+    assert "ScalarIndexQuery" in ds.scanner(filter="id = 13").explain_plan()
     assert ds.to_table(filter="id = 13")["name"].to_pylist() == ["n13"]
-    assert ds.count_rows(filter="id >= 10") == 10
+    assert ds.count_rows(filter="name = 'n7'") == 1
+    ops = [(h.operation, h.commit_message) for h in api.history(table)[-2:]]
+    assert ops == [("Rewrite", "tidy"), ("CreateIndex", "tidy")]
 
 
 def test_create_scalar_index(api: Api, uri: str, options: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lancetx.commit.engine.committer import Parent
 from lancetx.commit.engine.operations import (
     CreateIndex,
     Restore,
@@ -21,6 +22,7 @@ from lancetx.commit.engine.operations import (
     RewriteGroup,
     Transaction,
     UpdateConfig,
+    index_fragment_ids,
     update_map,
 )
 from lancetx.committing import NothingToDo, PlanContext
@@ -30,11 +32,39 @@ from lancetx.errors import SchemaMismatchError, UnknownColumnError
 Plan = Callable[[PlanContext], Transaction]
 
 
-def plan_compact(options: Mapping[str, Any]) -> Plan:
-    def plan(ctx: PlanContext) -> Transaction:
+#: Scalar index kinds pylance can build a segment of, by their details' type URL.
+SCALAR_INDEX_TYPES: Mapping[str, str] = {
+    "/lance.table.BTreeIndexDetails": "BTREE",
+    "/lance.table.BitmapIndexDetails": "BITMAP",
+    "/lance.table.LabelListIndexDetails": "LABEL_LIST",
+    "/lance.table.InvertedIndexDetails": "INVERTED",
+    "/lance.table.NGramIndexDetails": "NGRAM",
+    "/lance.table.ZoneMapIndexDetails": "ZONEMAP",
+    "/lance.table.BloomFilterIndexDetails": "BLOOMFILTER",
+}
+
+
+class CompactPlan:
+    """Rewrite the fragments pylance's compaction plan picks; then (:meth:`then`)
+    index the new fragments for every scalar index that covered the old ones.
+
+    pylance can only remap an index's row addresses inside ``Compaction.commit``,
+    which commits by itself; instead the rewritten rows get a new segment of the
+    same index, built by pylance over the new fragments and committed by lancetx
+    (a second version, CreateIndex). Segments left covering no fragment are removed.
+    Vector indices keep answering correctly (the new fragments are searched
+    without the index) until ``create_index(..., replace=True)``.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        self.read_fragment_ids: frozenset[int] = frozenset()
+        self.rewritten_ids: frozenset[int] = frozenset()
+
+    def __call__(self, ctx: PlanContext) -> Transaction:
         from lance.optimize import Compaction
 
-        settings: Any = dict(options)
+        settings: Any = dict(self.options)
         compaction = Compaction.plan(ctx.dataset, settings)
         if not compaction.tasks:
             raise NothingToDo()
@@ -50,9 +80,78 @@ def plan_compact(options: Mapping[str, Any]) -> Plan:
                     new_fragments=[to_fragment(ctx.uri, f) for f in result.new_fragments],
                 )
             )
+        self.read_fragment_ids = frozenset(f.id for f in ctx.manifest.fragments)
+        self.rewritten_ids = frozenset(f.id for g in groups for f in g.old_fragments)
         return Transaction(read_version=ctx.read_version, operation=Rewrite(groups=tuple(groups)))
 
+    def then(self, committed: Parent) -> Plan | None:
+        """The follow-up plan indexing the new fragments, or None when no index needs it."""
+        new_ids = sorted(
+            f.id
+            for f in committed.manifest.manifest.fragments
+            if f.id not in self.read_fragment_ids
+        )
+        stale = [
+            i
+            for i in committed.manifest.indices or []
+            if i.index_details.type_url in SCALAR_INDEX_TYPES
+            and (index_fragment_ids(i) or frozenset()) & self.rewritten_ids
+        ]
+        if not new_ids or not stale:
+            return None
+        return plan_cover_fragments(stale, new_ids)
+
+
+def plan_cover_fragments(stale: list[Any], fragment_ids: list[int]) -> Plan:
+    """New segments of the indices ``stale`` over ``fragment_ids``; drop their segments
+    that no longer cover any fragment of the table."""
+
+    def plan(ctx: PlanContext) -> Transaction:
+        existing = {f.id for f in ctx.manifest.fragments}
+        alive = [f for f in fragment_ids if f in existing]
+        names = {i.name for i in stale}
+        current = (
+            [i for i in ctx.parent.manifest.indices or [] if i.name in names] if ctx.parent else []
+        )
+        new_segments = []
+        done: set[str] = set()
+        for index in current:
+            if index.name in done or not alive:
+                continue
+            done.add(index.name)
+            segment = ctx.dataset.create_index_uncommitted(
+                _field_name(ctx, index.fields[0]),
+                SCALAR_INDEX_TYPES[index.index_details.type_url],
+                name=index.name,
+                replace=True,  # a further segment of the same index, not a new index
+                fragment_ids=alive,
+            )
+            new_segments.append(to_index(ctx.uri, segment))
+        dead = [i for i in current if not ((index_fragment_ids(i) or frozenset()) & existing)]
+        if not new_segments:
+            raise NothingToDo()
+        return Transaction(
+            read_version=ctx.read_version,
+            operation=CreateIndex(new_indices=tuple(new_segments), removed_indices=tuple(dead)),
+        )
+
     return plan
+
+
+def _field_name(ctx: PlanContext, field_id: int) -> str:
+    by_id = {f.id: f for f in ctx.manifest.fields}
+    parts = []
+    field = by_id[field_id]
+    while True:
+        parts.append(field.name)
+        if field.parent_id < 0:
+            break
+        field = by_id[field.parent_id]
+    return ".".join(reversed(parts))
+
+
+def plan_compact(options: Mapping[str, Any]) -> CompactPlan:
+    return CompactPlan(options)
 
 
 def _as_read(ctx: PlanContext, fragment: Any) -> Any:
@@ -135,6 +234,8 @@ def plan_update_config(
 
 
 __all__ = [
+    "SCALAR_INDEX_TYPES",
+    "CompactPlan",
     "default_index_name",
     "plan_compact",
     "plan_create_index",
