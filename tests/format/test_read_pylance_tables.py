@@ -1,6 +1,6 @@
 """We read every table pylance writes, and agree with pylance about every version.
 
-Tables come from :mod:`tests.lance_fixtures` (real pylance 14 histories: appends,
+Tables come from :mod:`lance_fixtures` (``tests/support/``) (real pylance 14 histories: appends,
 deletes of both deletion-file types, scalar and vector indices, update,
 add/drop column, compaction, config update, overwrite, restore, stable row
 ids), written on local disk and on S3 (the embedded moto server), with V1 and
