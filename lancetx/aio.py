@@ -58,6 +58,7 @@ from lancetx.history import VersionInfo, load_history
 from lancetx.state import TableState
 from lancetx.table import Table, TableVerbs, _args
 from lancetx.verbs.writing import FragmentsPlan, WritePlan
+from lancetx.writer import AsyncTableWriter, TableWriter
 
 if TYPE_CHECKING:
     from lance import LanceDataset
@@ -233,6 +234,26 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         result = await run_verb_async(self._state, plan, args, flags, handler)
         self.last_commit = result
         return result.version
+
+    def writer(
+        self,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> AsyncTableWriter:
+        """The async streaming writer: ``async with table.writer() as w: await w.write(b);
+        await w.commit()``."""
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
+        sync_writer = TableWriter(
+            self._sync,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            write_params,
+        )
+        return AsyncTableWriter(sync_writer, self._run)
 
     async def latest_version(self) -> int:
         """The table's latest version, resolved now."""

@@ -17,10 +17,11 @@ reported back).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -103,26 +104,44 @@ class TableWriter:
 
     def commit(self) -> int:
         """Finish the files and commit them as one Append; returns the version."""
+        plan = self.prepare_commit()
+        try:
+            version = self._table._run(plan, self._args, VerbFlags(reusable=True))
+        except BaseException:
+            self.commit_failed()
+            raise
+        return self.committed(version)
+
+    def prepare_commit(self) -> Callable[[PlanContext], Transaction]:
+        """Finish the files (the first half of :meth:`commit`); the plan to commit."""
         self._require_open()
         self._state = "committing"
         try:
             self._finish()
         except BaseException:
             self._state = "aborted"
+            self._cleanup()
             raise
         fragments = self._fragments
 
         def plan(ctx: PlanContext) -> Transaction:
             return Transaction(read_version=ctx.read_version, operation=Append(fragments=fragments))
 
-        try:
-            self._version = self._table._run(plan, self._args, VerbFlags(reusable=True))
-        except BaseException:
-            self._state = "aborted"  # the commit loop removed nothing of ours; we do
-            self._cleanup()
-            raise
+        return plan
+
+    def commit_failed(self) -> None:
+        """The commit raised: nothing of ours is referenced, so remove every file."""
+        self._state = "aborted"
+        self._cleanup()
+
+    def committed(self, version: int) -> int:
+        self._version = version
         self._state = "committed"
-        return self._version
+        return version
+
+    @property
+    def args(self) -> CommitArgs:
+        return self._args
 
     def abort(self) -> None:
         """Discard everything written; no version is created. Safe to call twice."""
@@ -198,4 +217,44 @@ class TableWriter:
         self._fragments = ()
 
 
-__all__ = ["TableWriter"]
+class AsyncTableWriter:
+    """:class:`TableWriter` for asyncio (``async with await table.writer() as w``):
+    batches go to pylance from a worker thread, the commit goes through the async
+    commit loop. Leaving the block without commit aborts, as in the sync writer."""
+
+    def __init__(self, writer: TableWriter, run: Callable[..., Any]) -> None:
+        self._writer = writer
+        self._run = run
+
+    async def __aenter__(self) -> AsyncTableWriter:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self._writer.__exit__, exc_type, exc, tb)
+
+    @property
+    def version(self) -> int | None:
+        return self._writer.version
+
+    async def write(self, data: pa.RecordBatch | pa.Table) -> None:
+        await asyncio.to_thread(self._writer.write, data)
+
+    async def commit(self) -> int:
+        plan = await asyncio.to_thread(self._writer.prepare_commit)
+        try:
+            version: int = await self._run(plan, self._writer.args, VerbFlags(reusable=True))
+        except BaseException:
+            await asyncio.to_thread(self._writer.commit_failed)
+            raise
+        return self._writer.committed(version)
+
+    async def abort(self) -> None:
+        await asyncio.to_thread(self._writer.abort)
+
+
+__all__ = ["AsyncTableWriter", "TableWriter"]

@@ -107,3 +107,30 @@ def api_fixture(request: Any) -> Iterator[Api]:
         yield api
     finally:
         api.close()
+
+
+class WriterFacade:
+    """A streaming writer of either flavour, used with plain calls and ``with``."""
+
+    def __init__(self, api: Api, writer: Any) -> None:
+        self.api = api
+        self.writer = writer
+
+    def __enter__(self) -> WriterFacade:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.api.is_async:
+            self.api.run(self.writer.__aexit__(*exc))
+        else:
+            self.writer.__exit__(*exc)
+
+    def write(self, data: Any) -> None:
+        self.api.run(self.writer.write(data))
+
+    def commit(self) -> int:
+        version: int = self.api.run(self.writer.commit())
+        return version
+
+    def abort(self) -> None:
+        self.api.run(self.writer.abort())

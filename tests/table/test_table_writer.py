@@ -10,7 +10,7 @@ import boto3
 import lance
 import pyarrow as pa
 import pytest
-from table_helpers import data_files, ddb_uri, ids, pylance_rows
+from table_helpers import Api, WriterFacade, api_fixture, data_files, ddb_uri, ids, pylance_rows
 
 import lancetx
 from lancetx.externalstore.dynamodb import create_table
@@ -28,9 +28,18 @@ def uri(aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> str:
     return ddb_uri(bucket, ddb_table_name)
 
 
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    yield from api_fixture(request)
+
+
 @pytest.fixture
-def table(uri: str, options: dict[str, str]) -> lancetx.Table:
-    return lancetx.write_table(uri, ids(2), storage_options=options)
+def table(api: Api, uri: str, options: dict[str, str]) -> Any:
+    return api.write_table(uri, ids(2), storage_options=options)
+
+
+def _writer(api: Api, table: Any, **kwargs: Any) -> WriterFacade:
+    return WriterFacade(api, table.writer(**kwargs))
 
 
 def _files(s3_client: Any, bucket: str) -> set[str]:
@@ -38,10 +47,12 @@ def _files(s3_client: Any, bucket: str) -> set[str]:
 
 
 def test_commit_writes_once_and_is_invisible_before(
-    table: lancetx.Table, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
 ) -> None:
     before = _files(s3_client, bucket)
-    with table.writer(commit_message="stream", properties={"k": "v"}, max_rows_per_file=3) as w:
+    with _writer(
+        api, table, commit_message="stream", properties={"k": "v"}, max_rows_per_file=3
+    ) as w:
         for start in range(2, 10, 2):
             w.write(ids(2, start=start).to_batches()[0])
         assert lance.dataset(uri, storage_options=options).version == 1  # nothing visible yet
@@ -49,7 +60,7 @@ def test_commit_writes_once_and_is_invisible_before(
     assert version == 2 == table.version
     assert pylance_rows(uri, options, 2) == ids(10).to_pydict()
     assert len(_files(s3_client, bucket) - before) == 3  # 8 rows, 3 per file: new paths only
-    info = table.history()[-1]
+    info = api.history(table)[-1]
     assert (info.operation, info.commit_message, info.properties) == (
         "Append",
         "stream",
@@ -60,10 +71,10 @@ def test_commit_writes_once_and_is_invisible_before(
 
 
 def test_abort_removes_every_file(
-    table: lancetx.Table, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
 ) -> None:
     before = _files(s3_client, bucket)
-    w = table.writer(max_rows_per_file=2)
+    w = _writer(api, table, max_rows_per_file=2)
     for start in range(0, 8, 2):
         w.write(ids(2, start=start))
     w.abort()
@@ -72,23 +83,23 @@ def test_abort_removes_every_file(
 
 
 def test_leaving_the_block_without_commit_aborts(
-    table: lancetx.Table, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
 ) -> None:
     before = _files(s3_client, bucket)
-    with table.writer(max_rows_per_file=2) as w:
+    with _writer(api, table, max_rows_per_file=2) as w:
         w.write(ids(5))
     assert _files(s3_client, bucket) == before
     assert lance.dataset(uri, storage_options=options).version == 1
 
 
 def test_an_exception_in_the_block_aborts(
-    table: lancetx.Table, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
 ) -> None:
     before = _files(s3_client, bucket)
-    with pytest.raises(RuntimeError, match="upstream failed"), table.writer() as w:
+    with pytest.raises(RuntimeError, match="upstream failed"), _writer(api, table) as w:
         w.write(ids(5))
         raise RuntimeError("upstream failed")
-    with pytest.raises(lancetx.SchemaMismatchError), table.writer() as w2:
+    with pytest.raises(lancetx.SchemaMismatchError), _writer(api, table) as w2:
         w2.write(ids(1))
         w2.write(pa.table({"other": [1]}))
     assert _files(s3_client, bucket) == before
@@ -102,12 +113,12 @@ def _failing(after: int) -> Iterator[pa.RecordBatch]:
 
 
 def test_an_iterator_error_leaves_no_manifest_and_no_file(
-    table: lancetx.Table, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
 ) -> None:
     before = _files(s3_client, bucket)
     with pytest.raises(ConnectionError, match="source went away"):
-        table.append(_failing(5), max_rows_per_file=2)
+        api.run(table.append(_failing(5), max_rows_per_file=2))
     with pytest.raises(ConnectionError, match="source went away"):
-        lancetx.write_table(uri, _failing(3), mode="overwrite", storage_options=options)
+        api.write_table(uri, _failing(3), mode="overwrite", storage_options=options)
     assert _files(s3_client, bucket) == before
     assert lance.dataset(uri, storage_options=options).version == 1
