@@ -18,18 +18,35 @@ from pyroaring import BitMap
 
 from lancetx.commit.engine.operations import Delete, Transaction, Update, UpdateMode
 from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.format.rowids import encode_row_ids
 from lancetx.committing import PlanContext
 from lancetx.convert import to_fragment
 from lancetx.errors import InvalidPredicateError, SchemaMismatchError, UnknownColumnError
 from lancetx.protos import table_pb2
 
 _ROW_ADDRESS = "_rowaddr"
+_ROW_ID = "_rowid"
+_STABLE_ROW_IDS = 2  # reader/writer feature flag
 
 
-def _scan(ctx: PlanContext, predicate: str, columns: Any, what: str | None = None) -> pa.Table:
+def _with_row_ids(
+    fragments: tuple[table_pb2.DataFragment, ...], ids: list[int]
+) -> tuple[table_pb2.DataFragment, ...]:
+    """The rows' old ids, in the order pylance wrote them across ``fragments``."""
+    start = 0
+    for fragment in fragments:
+        end = start + fragment.physical_rows
+        fragment.inline_row_ids = encode_row_ids(ids[start:end])
+        start = end
+    return fragments
+
+
+def _scan(
+    ctx: PlanContext, predicate: str, columns: Any, what: str | None = None, row_ids: bool = False
+) -> pa.Table:
     try:
         table: pa.Table = ctx.dataset.to_table(
-            columns=columns, filter=predicate, with_row_address=True
+            columns=columns, filter=predicate, with_row_address=True, with_row_id=row_ids
         )
     except (ValueError, OSError, RuntimeError) as exc:
         raise InvalidPredicateError(ctx.uri, what or predicate, str(exc).splitlines()[0]) from None
@@ -108,11 +125,19 @@ def plan_update(
         exprs = {v_name: v for v_name, v in values.items() if isinstance(v, str)}
         projection = {name: exprs.get(name, f"`{name}`") for name in schema.names}
         sets = ", ".join(f"{k} = {v}" for k, v in exprs.items())
+        # With stable row ids an updated row keeps its id (as Lance does): the new
+        # fragments carry the ids of the rows they replace.
+        stable = bool(ctx.manifest.reader_feature_flags & _STABLE_ROW_IDS)
         scanned = _scan(
-            ctx, predicate or "true", projection, f"WHERE {predicate or 'true'} SET {sets}"
+            ctx,
+            predicate or "true",
+            projection,
+            f"WHERE {predicate or 'true'} SET {sets}",
+            row_ids=stable,
         )
         offsets = _offsets_by_fragment(scanned[_ROW_ADDRESS])
-        rows = scanned.drop_columns([_ROW_ADDRESS])
+        kept_ids = scanned[_ROW_ID].to_pylist() if stable else []
+        rows = scanned.drop_columns([_ROW_ADDRESS] + ([_ROW_ID] if stable else []))
         for name, value in values.items():
             if not isinstance(value, str):
                 field = schema.field(name)
@@ -137,6 +162,8 @@ def plan_update(
                 **write_params,
             )
             new_fragments = tuple(to_fragment(ctx.uri, f) for f in written)
+            if stable:
+                new_fragments = _with_row_ids(new_fragments, kept_ids)
         updated, emptied = _delete_rows(ctx, offsets)
         return Transaction(
             read_version=ctx.read_version,

@@ -128,3 +128,14 @@ def test_idempotency_key_from_racing_writers_gives_one_version(aws: EmbeddedAws,
     assert ds.to_table(filter="id = 99").num_rows == 1
     # and again later, from a fresh process's point of view
     assert lancetx.open(uri, options).append(row, idempotency_key="stream-7") == 2
+
+
+def test_update_keeps_stable_row_ids(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.lance")
+    lance.write_dataset(ids(6), path, enable_stable_row_ids=True)
+    before = lance.dataset(path).to_table(with_row_id=True)
+    version = lancetx.open(path).update({"name": "'u'"}, where="id >= 3")
+    after = lance.dataset(path, version=version).to_table(with_row_id=True)
+    assert sorted(after["name"].to_pylist()) == ["n0", "n1", "n2", "u", "u", "u"]
+    pairs = sorted(zip(after["id"].to_pylist(), after["_rowid"].to_pylist(), strict=True))
+    assert pairs == sorted(zip(before["id"].to_pylist(), before["_rowid"].to_pylist(), strict=True))

@@ -333,9 +333,9 @@ def test_versions_are_all_committed_by_lancetx(api: Api, uri: str, options: dict
     run(table.update_config({"a": "b"}))
     run(table.restore(2))
     history = api.history(table)
-    assert [h.version for h in history] == list(range(1, 13))
+    assert [h.version for h in history] == list(range(1, 14))
     assert {h.committer for h in history} == {"lancetx"}
     pylance_versions = [
         v["version"] for v in lance.dataset(uri, storage_options=options).versions()
     ]
-    assert pylance_versions == list(range(1, 13))
+    assert pylance_versions == list(range(1, 14))
