@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -137,9 +137,6 @@ class TableState:
 
     def pylance_storage_options(self) -> dict[str, str] | None:
         return pylance_options(self.conn.storage_options) or None
-
-    def describe(self) -> dict[str, Any]:
-        return {"uri": self.uri, "version": self.parent.version if self.parent else None}
 
 
 __all__ = ["TableState", "pylance_options"]

@@ -69,7 +69,7 @@ def plan_add_columns(transforms: Any, read_columns: list[str] | None) -> Plan:
         for fragment in ctx.dataset.get_fragments():
             try:
                 metadata, lance_schema = fragment.merge_columns(transforms, read_columns)
-            except (ValueError, OSError, RuntimeError) as exc:
+            except ValueError as exc:
                 if isinstance(transforms, Mapping):
                     raise InvalidPredicateError(
                         ctx.uri,

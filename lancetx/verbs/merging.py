@@ -76,7 +76,7 @@ def plan_merge_insert(spec: MergeSpec, source: pa.Table) -> Callable[[PlanContex
             builder = getattr(builder, method)(*args)
         try:
             pylance_txn, _stats = builder.execute_uncommitted(source)
-        except (ValueError, OSError) as exc:
+        except ValueError as exc:  # pylance's "Invalid user input"; I/O errors stay OSError
             raise SchemaMismatchError(ctx.uri, f"pylance refused the merge source ({exc})") from exc
         return to_transaction(ctx.uri, pylance_txn, read_version=ctx.read_version)
 

@@ -48,7 +48,7 @@ def _scan(
         table: pa.Table = ctx.dataset.to_table(
             columns=columns, filter=predicate, with_row_address=True, with_row_id=row_ids
         )
-    except (ValueError, OSError, RuntimeError) as exc:
+    except ValueError as exc:  # pylance's "Invalid user input" (I/O errors are OSError)
         raise InvalidPredicateError(ctx.uri, what or predicate, str(exc).splitlines()[0]) from None
     return table
 

@@ -47,10 +47,13 @@ def _write_fragments(
             storage_options=ctx.state.pylance_storage_options(),
             **params,
         )
-    except (ValueError, OSError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         guard.raise_if_failed()  # the user's iterator failed first: that is the cause
         if append:
             raise SchemaMismatchError(ctx.uri, f"pylance refused the data ({exc})") from exc
+        raise
+    except OSError:
+        guard.raise_if_failed()
         raise
     fragments = tuple(to_fragment(ctx.uri, f) for f in written)
     if guard.error is not None:
