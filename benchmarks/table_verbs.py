@@ -39,9 +39,7 @@ ROWS = 1000
 
 
 def rows(start: int, n: int) -> pa.Table:
-    return pa.table(
-        {"id": pa.array(range(start, start + n), pa.int64()), "v": pa.array([1.0] * n)}
-    )
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()), "v": pa.array([1.0] * n)})
 
 
 def verbs_of(lx: lancetx.Table, ds_box: list[Any]) -> dict[str, tuple[Callable[[int], Any], ...]]:
@@ -49,9 +47,9 @@ def verbs_of(lx: lancetx.Table, ds_box: list[Any]) -> dict[str, tuple[Callable[[
 
     def pl_merge(i: int) -> None:
         src = rows(ROWS + 1000 * i - 5, 10)
-        ds_box[0].merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
-            src
-        )
+        ds_box[0].merge_insert(
+            "id"
+        ).when_matched_update_all().when_not_matched_insert_all().execute(src)
 
     return {
         "append": (
@@ -63,14 +61,20 @@ def verbs_of(lx: lancetx.Table, ds_box: list[Any]) -> dict[str, tuple[Callable[[
             lambda i: ds_box[0].delete(f"id = {i}"),
         ),
         "update": (
-            lambda i: lx.update({"v": "v + 1"}, where=f"id >= {100 + 10 * i} AND id < {110 + 10 * i}"),
-            lambda i: ds_box[0].update({"v": "v + 1"}, where=f"id >= {100 + 10 * i} AND id < {110 + 10 * i}"),
+            lambda i: lx.update(
+                {"v": "v + 1"}, where=f"id >= {100 + 10 * i} AND id < {110 + 10 * i}"
+            ),
+            lambda i: ds_box[0].update(
+                {"v": "v + 1"}, where=f"id >= {100 + 10 * i} AND id < {110 + 10 * i}"
+            ),
         ),
         "merge_insert": (
-            lambda i: lx.merge_insert("id")
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute(rows(ROWS + 1000 * i - 5, 10)),
+            lambda i: (
+                lx.merge_insert("id")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(rows(ROWS + 1000 * i - 5, 10))
+            ),
             pl_merge,
         ),
     }
@@ -84,12 +88,17 @@ def main() -> None:
 
     with EmbeddedAws() as aws:
         bench = start_bench(aws)
-        lx_uri, pl_uri = bench.ddb_uri(unique_name("lancetx")), bench.ddb_uri(unique_name("pylance"))
+        lx_uri, pl_uri = (
+            bench.ddb_uri(unique_name("lancetx")),
+            bench.ddb_uri(unique_name("pylance")),
+        )
         lx = lancetx.write_table(lx_uri, rows(0, ROWS), storage_options=bench.options)
         ds_box = [lance.write_dataset(rows(0, ROWS), pl_uri, storage_options=bench.options)]
         results: dict[str, dict[str, dict[str, list[float]]]] = {}
         for verb, (lx_call, pl_call) in verbs_of(lx, ds_box).items():
-            per = results.setdefault(verb, {"lancetx": {"s": [], "req": []}, "pylance": {"s": [], "req": []}})
+            per = results.setdefault(
+                verb, {"lancetx": {"s": [], "req": []}, "pylance": {"s": [], "req": []}}
+            )
             for i in range(args.repeats):
                 for system, call in (("lancetx", lx_call), ("pylance", pl_call)):
                     with counting(aws) as counter, Stopwatch() as sw:
@@ -112,12 +121,22 @@ def main() -> None:
             )
         print(
             markdown_table(
-                ["verb", "lancetx ms (median)", "pylance ms", "ratio", "lancetx requests", "pylance requests"],
+                [
+                    "verb",
+                    "lancetx ms (median)",
+                    "pylance ms",
+                    "ratio",
+                    "lancetx requests",
+                    "pylance requests",
+                ],
                 table,
             )
         )
         if args.json:
-            write_json(args.json, {"environment": environment(), "repeats": args.repeats, "results": results})
+            write_json(
+                args.json,
+                {"environment": environment(), "repeats": args.repeats, "results": results},
+            )
 
 
 if __name__ == "__main__":
