@@ -54,7 +54,7 @@ from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig
 from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.uri import parse_ddb_uri
-from lancetx.history import VersionInfo, load_history
+from lancetx.history import VersionInfo
 from lancetx.state import TableState
 from lancetx.table import Table, TableVerbs, _args
 from lancetx.verbs.writing import FragmentsPlan, WritePlan
@@ -280,9 +280,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return AsyncTable(self._state, pinned=version)
 
     async def history(self) -> list[VersionInfo]:
-        return await asyncio.to_thread(
-            load_history, self._state.conn.handler, self._state.conn.base, until=self.version
-        )
+        return await asyncio.to_thread(self._state.history, self.version)
 
     async def versions(self) -> list[VersionInfo]:
         return await self.history()

@@ -92,6 +92,16 @@ def iter_history_newest_first(
             yield from pool.map(lambda loc: version_info(handler, base, loc), batch)
 
 
+def load_versions(
+    handler: CommitHandler, base: str, locations: list[ManifestLocation]
+) -> list[VersionInfo]:
+    """The :class:`VersionInfo` of each location, loaded in parallel."""
+    if not locations:
+        return []
+    with ThreadPoolExecutor(max_workers=min(HISTORY_PARALLELISM, len(locations))) as pool:
+        return list(pool.map(lambda loc: version_info(handler, base, loc), locations))
+
+
 def load_history(
     handler: CommitHandler, base: str, *, until: int | None = None
 ) -> list[VersionInfo]:
@@ -117,5 +127,6 @@ __all__ = [
     "find_idempotency_key",
     "iter_history_newest_first",
     "load_history",
+    "load_versions",
     "version_info",
 ]

@@ -26,6 +26,8 @@ from lancetx.externalstore.connect import TableConnection, connect
 if TYPE_CHECKING:
     from lance import LanceDataset
 
+    from lancetx.history import VersionInfo
+
 #: Storage options that configure lancetx only; pylance must not see them.
 _LANCETX_ONLY_PREFIXES = ("lancetx_",)
 
@@ -43,10 +45,9 @@ class TableState:
     parent: Parent | None = None
     _datasets: dict[int, LanceDataset] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    #: Idempotency keys of versions already read (a committed version never changes),
-    #: so repeated keyed commits only read the versions they have not seen.
-    _keys: dict[int, str | None] = field(default_factory=dict, repr=False)
-    _keys_upto: int = field(default=0, repr=False)
+    #: Versions already read for history (a committed version never changes), so
+    #: history and idempotency checks only read versions they have not seen.
+    _infos: dict[int, VersionInfo] = field(default_factory=dict, repr=False)
 
     @classmethod
     def connect(cls, uri: str, storage_options: Mapping[str, str] | None) -> TableState:
@@ -77,21 +78,28 @@ class TableState:
             if self.parent is None or parent.version >= self.parent.version:
                 self.parent = parent
 
-    def find_idempotency_key(self, key: str) -> int | None:
-        """The newest version committed with idempotency ``key``, or None. Reads only
-        the versions this process has not seen yet (all of them the first time)."""
-        from lancetx.history import iter_history_newest_first
+    def history(self, until: int | None = None) -> list[VersionInfo]:
+        """Every version up to ``until`` (default: latest), oldest first. A committed
+        version never changes, so each is read once per process (in parallel)."""
+        from lancetx.history import load_versions
 
         handler, base = self.conn.handler, self.conn.base
+        locations = handler.list_versions(base, 0)
+        if until is not None:
+            locations = [loc for loc in locations if loc.version <= until]
         with self._lock:
-            known, upto = dict(self._keys), self._keys_upto
-        for info in iter_history_newest_first(handler, base, since=upto):
-            known[info.version] = info.idempotency_key
+            missing = [loc for loc in locations if loc.version not in self._infos]
+        loaded = load_versions(handler, base, missing)
         with self._lock:
-            self._keys.update(known)
-            self._keys_upto = max(self._keys_upto, max(known, default=0))
-        matches = [v for v, k in known.items() if k == key]
-        return max(matches) if matches else None
+            self._infos.update((info.version, info) for info in loaded)
+            return [self._infos[loc.version] for loc in locations]
+
+    def find_idempotency_key(self, key: str) -> int | None:
+        """The newest version committed with idempotency ``key``, or None."""
+        for info in reversed(self.history()):
+            if info.idempotency_key == key:
+                return info.version
+        return None
 
     def require_parent(self) -> Parent:
         parent = self.parent if self.parent is not None else self.refresh()

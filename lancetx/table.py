@@ -17,7 +17,7 @@ from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
 from lancetx.convert import to_transaction
 from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
-from lancetx.history import VersionInfo, load_history
+from lancetx.history import VersionInfo
 from lancetx.state import TableState
 from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
 from lancetx.verbs.maintenance import (
@@ -75,6 +75,12 @@ class TableVerbs(Generic[R]):
     @property
     def uri(self) -> str:
         raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        alternative = REFUSED_VERBS.get(name)
+        if alternative is not None:
+            raise PylanceCommitsItselfError(self.uri, f"LanceDataset.{name}", alternative)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> R:
         raise NotImplementedError
@@ -435,7 +441,7 @@ class Table(TableVerbs[int]):
     def history(self) -> list[VersionInfo]:
         """Every version up to :attr:`version`, oldest first, with operation, commit
         message, properties and committer (one GET per version, in parallel)."""
-        return load_history(self._state.conn.handler, self._state.conn.base, until=self.version)
+        return self._state.history(until=self.version)
 
     def versions(self) -> list[VersionInfo]:
         """Same as :meth:`history`."""
@@ -471,12 +477,6 @@ class Table(TableVerbs[int]):
             _args(commit_message, properties, idempotency_key, expected_version),
             write_params,
         )
-
-    def __getattr__(self, name: str) -> Any:
-        alternative = REFUSED_VERBS.get(name)
-        if alternative is not None:
-            raise PylanceCommitsItselfError(self.uri, f"LanceDataset.{name}", alternative)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 class MergeInsertBuilder(Generic[R]):

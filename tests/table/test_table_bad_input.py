@@ -152,7 +152,7 @@ def test_verbs_pylance_can_only_commit_itself_are_refused(
     api: Api, table: Any, uri: str, options: dict[str, str]
 ) -> None:
     with pytest.raises(lancetx.PylanceCommitsItselfError, match=r"delete\('true'\)"):
-        table.sync.truncate_table() if api.is_async else table.truncate_table()
+        table.truncate_table()
     with pytest.raises(lancetx.PylanceCommitsItselfError, match=r"CAST"):
         api.run(table.alter_columns({"path": "id", "data_type": pa.int32()}))
     assert lance.dataset(uri, storage_options=options).version == 1
