@@ -23,6 +23,7 @@ from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_dro
 from lancetx.verbs.maintenance import (
     plan_compact,
     plan_create_index,
+    plan_drop_index,
     plan_restore,
     plan_update_config,
 )
@@ -43,7 +44,6 @@ REFUSED_VERBS: Mapping[str, str] = {
     "merge": "Table.add_columns(...) or Table.merge_insert(on=...)",
     "truncate_table": "Table.delete('true')",
     "optimize_indices": "Table.create_index(column, index_type, replace=True)",
-    "drop_index": "Table.commit(CreateIndex(removed_indices=...))",
     "delete_config_keys": "Table.update_config({key: None})",
     "update_field_metadata": "Table.commit(UpdateConfig(field_metadata_updates=...))",
     "create_branch": "a separate table (lancetx commits one linear history)",
@@ -250,6 +250,21 @@ class TableVerbs(Generic[R]):
         pylance's ``create_index_uncommitted``; lancetx commits it."""
         return self._run(
             plan_create_index(column, index_type, name, replace, index_params),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def drop_index(
+        self,
+        name: str,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Remove the index ``name`` (every segment of it) from the table."""
+        return self._run(
+            plan_drop_index(name),
             _args(commit_message, properties, idempotency_key, expected_version),
         )
 

@@ -198,6 +198,23 @@ def plan_create_index(
     return plan
 
 
+def plan_drop_index(name: str) -> Plan:
+    def plan(ctx: PlanContext) -> Transaction:
+        segments = (
+            [i for i in ctx.parent.manifest.indices or [] if i.name == name] if ctx.parent else []
+        )
+        if not segments:
+            names = (
+                sorted({i.name for i in (ctx.parent.manifest.indices or [])}) if ctx.parent else []
+            )
+            raise SchemaMismatchError(ctx.uri, f"no index named {name!r} (indices: {names})")
+        return Transaction(
+            read_version=ctx.read_version, operation=CreateIndex(removed_indices=tuple(segments))
+        )
+
+    return plan
+
+
 def plan_restore(version: int) -> Plan:
     def plan(ctx: PlanContext) -> Transaction:
         return Transaction(read_version=ctx.read_version, operation=Restore(version=version))
@@ -239,6 +256,7 @@ __all__ = [
     "default_index_name",
     "plan_compact",
     "plan_create_index",
+    "plan_drop_index",
     "plan_restore",
     "plan_update_config",
 ]

@@ -253,6 +253,10 @@ def test_create_scalar_index(api: Api, uri: str, options: dict[str, str]) -> Non
     assert "ScalarIndexQuery" in ds.scanner(filter="id = 7").explain_plan()
     assert ds.to_table(filter="id = 7")["name"].to_pylist() == ["n7"]
     _checked(api, table, v, "CreateIndex", "idx")
+    v2 = api.run(table.drop_index("id_idx"))
+    assert lance.dataset(uri, version=v2, storage_options=options).describe_indices() == []
+    with pytest.raises(lancetx.SchemaMismatchError, match="no index named 'id_idx'"):
+        api.run(table.drop_index("id_idx"))
 
 
 def test_create_vector_index(api: Api, uri: str, options: dict[str, str]) -> None:
