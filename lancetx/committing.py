@@ -125,6 +125,12 @@ class PlanContext:
         assert self.parent is not None, "a plan on a new table has no dataset"
         return self.state.dataset(self.parent.version)
 
+    @property
+    def dataset_to_write(self) -> LanceDataset:
+        """pylance to write data files with (see :meth:`TableState.dataset_to_write`)."""
+        assert self.parent is not None
+        return self.state.dataset_to_write(self.parent)
+
     @cached_property
     def schema(self) -> pa.Schema:
         assert self.parent is not None

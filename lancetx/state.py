@@ -44,6 +44,8 @@ class TableState:
     conn: TableConnection
     parent: Parent | None = None
     _datasets: dict[int, LanceDataset] = field(default_factory=dict, repr=False)
+    #: Schema signature (fields, schema metadata, data format) of each cached dataset.
+    _signatures: dict[int, bytes] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Versions already read for history (a committed version never changes), so
     #: history and idempotency checks only read versions they have not seen.
@@ -134,8 +136,24 @@ class TableState:
             )
         with self._lock:
             if len(self._datasets) >= 8:  # a writer moves forward; keep the newest few
-                self._datasets.pop(min(self._datasets))
+                oldest = min(self._datasets)
+                self._datasets.pop(oldest)
+                self._signatures.pop(oldest, None)
             self._datasets[version] = ds
+        return ds
+
+    def dataset_to_write(self, parent: Parent) -> LanceDataset:
+        """A pylance dataset to write new data files for ``parent``: any one already
+        open whose schema and data format are ``parent``'s (data files do not depend on
+        anything else), so back-to-back appends do not re-open each new version."""
+        wanted = _signature(parent)
+        with self._lock:
+            for version, signature in sorted(self._signatures.items(), reverse=True):
+                if signature == wanted and version in self._datasets:
+                    return self._datasets[version]
+        ds = self.dataset(parent.version)
+        with self._lock:
+            self._signatures[parent.version] = wanted
         return ds
 
     def schema_of(self, parent: Parent) -> pa.Schema:
@@ -145,6 +163,14 @@ class TableState:
 
     def pylance_storage_options(self) -> dict[str, str] | None:
         return pylance_options(self.conn.storage_options) or None
+
+
+def _signature(parent: Parent) -> bytes:
+    m = parent.manifest.manifest
+    parts = [f.SerializeToString(deterministic=True) for f in m.fields]
+    parts.append(repr(sorted(m.schema_metadata.items())).encode())
+    parts.append(m.data_format.SerializeToString(deterministic=True))
+    return b"\x00".join(parts)
 
 
 __all__ = ["TableState", "pylance_options"]

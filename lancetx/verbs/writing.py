@@ -38,7 +38,7 @@ def _write_fragments(
 ) -> tuple[table_pb2.DataFragment, ...]:
     from lance.fragment import write_fragments
 
-    target: Any = ctx.dataset if append else ctx.state.conn.data_uri
+    target: Any = ctx.dataset_to_write if append else ctx.state.conn.data_uri
     try:
         written = write_fragments(
             reader,
