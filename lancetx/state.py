@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
     from lancetx.history import VersionInfo
 
+#: How many of the newest versions an idempotency key is looked for in before a
+#: commit (each read once per process). A retried job or stream batch commits again
+#: soon after its first attempt; raise it for tables committed to very often.
+IDEMPOTENCY_HORIZON = 1000
+
 #: Storage options that configure lancetx only; pylance must not see them.
 _LANCETX_ONLY_PREFIXES = ("lancetx_",)
 
@@ -96,11 +101,32 @@ class TableState:
             self._infos.update((info.version, info) for info in loaded)
             return [self._infos[loc.version] for loc in locations]
 
-    def find_idempotency_key(self, key: str) -> int | None:
-        """The newest version committed with idempotency ``key``, or None."""
-        for info in reversed(self.history()):
-            if info.idempotency_key == key:
-                return info.version
+    def find_idempotency_key(self, key: str, horizon: int | None = None) -> int | None:
+        """The newest version committed with idempotency ``key``, or None.
+
+        Looks at the newest ``horizon`` versions (default
+        :data:`IDEMPOTENCY_HORIZON`; None in the call means the default, 0 means all),
+        newest first, reading each version at most once per process and stopping at
+        the first match. (Versions committed after a commit's read version are
+        checked by the commit loop itself, whatever their number.)"""
+        from lancetx.history import HISTORY_PARALLELISM, load_versions
+
+        handler, base = self.conn.handler, self.conn.base
+        limit = IDEMPOTENCY_HORIZON if horizon is None else horizon
+        locations = sorted(handler.list_versions(base, 0), key=lambda loc: -loc.version)
+        if limit:
+            locations = locations[:limit]
+        for start in range(0, len(locations), HISTORY_PARALLELISM):
+            batch = locations[start : start + HISTORY_PARALLELISM]
+            with self._lock:
+                missing = [loc for loc in batch if loc.version not in self._infos]
+            loaded = load_versions(handler, base, missing)
+            with self._lock:
+                self._infos.update((info.version, info) for info in loaded)
+                infos = [self._infos[loc.version] for loc in batch]
+            for info in infos:
+                if info.idempotency_key == key:
+                    return info.version
         return None
 
     def require_parent(self) -> Parent:
@@ -173,4 +199,4 @@ def _signature(parent: Parent) -> bytes:
     return b"\x00".join(parts)
 
 
-__all__ = ["TableState", "pylance_options"]
+__all__ = ["IDEMPOTENCY_HORIZON", "TableState", "pylance_options"]

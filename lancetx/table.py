@@ -464,7 +464,7 @@ class Table(TableVerbs[int]):
 
     def find_idempotency_key(self, key: str) -> int | None:
         """The version committed with idempotency key ``key`` (newest first), or None."""
-        return self._state.find_idempotency_key(key)
+        return self._state.find_idempotency_key(key, horizon=0)
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
         if self._pinned is not None:
