@@ -285,61 +285,102 @@ def verb_steps(
     if parent is None and flags.needs_table:
         raise DatasetNotFoundError(state.uri)
     plans = 0
+    first: CommitResult | None = None  # set once a verb's first commit landed
     while True:
         plans += 1
-        creating = parent is None
-        options = args.options(state.uri)
-        if creating and options.expected_version is None:
-            # Creating is strict: if another writer created the table first, ours
-            # must not replace its rows; it becomes an append (or fails) below.
-            options = dataclasses.replace(options, expected_version=0)
         try:
-            txn = yield RunPlan(plan, PlanContext(state, parent))
-        except NothingToDo:
-            return CommitResult(parent.version if parent else 0, attempts=0, plans=plans)
-        wrote = (
-            frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
-        )
-        try:
-            committed = yield Commit(txn, parent, options)
-        except CommitStateUnknownError:
-            raise  # our files may be referenced by a version that landed: keep them
-        except ExpectedVersionMismatchError:
-            if not (creating and args.expected_version is None and flags.reusable):
-                yield Discard(wrote)
+            outcome = yield from _one_round(state, plan, args, flags, parent, plans)
+        except Exception as exc:
+            if first is None:
                 raise
-            if flags.on_exists != "append":
-                yield Discard(wrote)
-                latest = yield LoadLatest()
-                raise TableExistsError(state.uri, latest.version if latest else 1) from None
-            log.info("%s: another writer created the table first; appending", state.uri)
-            parent = yield LoadLatest()
-            state.remember(parent)
+            # The verb's own commit landed; only its follow-up failed (e.g. indexing
+            # the compacted fragments): report the commit, warn about the rest.
+            log.warning(
+                "%s: version %d committed, but its follow-up failed: %s",
+                state.uri,
+                first.version,
+                exc,
+            )
+            return first
+        if isinstance(outcome, CommitResult):
+            return outcome if first is None else dataclasses.replace(outcome, plans=plans)
+        if isinstance(outcome, _Again):
+            parent = outcome.parent
             continue
-        except RetryableConflictError as conflict:
-            if not should_replan(conflict, args, flags.replannable, plans):
-                yield Discard(wrote)
-                raise
-            if not flags.reusable:
-                yield Discard(wrote)
-            log.info("%s: %s; planning again on the latest version", state.uri, conflict)
-            parent = yield LoadLatest()
-            state.remember(parent)
-            continue
-        except BaseException:
-            yield Discard(wrote)
-            raise
-        leftovers = wrote - objects_of(state.conn.base, committed.transaction)
-        if leftovers:
-            yield Discard(leftovers)
-        state.remember(committed)
+        committed = outcome
         follow_up = _follow_up(plan, committed, args)
+        result = result_of(committed, plans)
         if follow_up is None:
-            return result_of(committed, plans)
+            return result
         # A verb made of two commits (compact, then index its new fragments): the
         # second plans on the version the first committed, with no read.
+        first = first or result
         plan, args = follow_up
         parent = Parent(committed.location, committed.manifest)
+
+
+@dataclass(frozen=True)
+class _Again:
+    """Plan again on ``parent``."""
+
+    parent: Parent | None
+
+
+def _one_round(
+    state: TableState,
+    plan: Plan,
+    args: CommitArgs,
+    flags: VerbFlags,
+    parent: Parent | None,
+    plans: int,
+) -> Generator[Effect, Any, CommitResult | _Again | Committed]:
+    """Plan once and commit: the committed version, a result without a commit, or
+    the parent to plan again on."""
+    creating = parent is None
+    options = args.options(state.uri)
+    if creating and options.expected_version is None:
+        # Creating is strict: if another writer created the table first, ours
+        # must not replace its rows; it becomes an append (or fails) below.
+        options = dataclasses.replace(options, expected_version=0)
+    try:
+        txn = yield RunPlan(plan, PlanContext(state, parent))
+    except NothingToDo:
+        return CommitResult(parent.version if parent else 0, attempts=0, plans=plans)
+    wrote = frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
+    try:
+        committed: Committed = yield Commit(txn, parent, options)
+    except CommitStateUnknownError:
+        raise  # our files may be referenced by a version that landed: keep them
+    except ExpectedVersionMismatchError:
+        if not (creating and args.expected_version is None and flags.reusable):
+            yield Discard(wrote)
+            raise
+        if flags.on_exists != "append":
+            yield Discard(wrote)
+            latest = yield LoadLatest()
+            raise TableExistsError(state.uri, latest.version if latest else 1) from None
+        log.info("%s: another writer created the table first; appending", state.uri)
+        latest = yield LoadLatest()
+        state.remember(latest)
+        return _Again(latest)
+    except RetryableConflictError as conflict:
+        if not should_replan(conflict, args, flags.replannable, plans):
+            yield Discard(wrote)
+            raise
+        if not flags.reusable:
+            yield Discard(wrote)
+        log.info("%s: %s; planning again on the latest version", state.uri, conflict)
+        latest = yield LoadLatest()
+        state.remember(latest)
+        return _Again(latest)
+    except BaseException:
+        yield Discard(wrote)
+        raise
+    leftovers = wrote - objects_of(state.conn.base, committed.transaction)
+    if leftovers:
+        yield Discard(leftovers)
+    state.remember(committed)
+    return committed
 
 
 def _follow_up(

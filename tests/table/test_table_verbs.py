@@ -343,3 +343,28 @@ def test_versions_are_all_committed_by_lancetx(api: Api, uri: str, options: dict
         v["version"] for v in lance.dataset(uri, storage_options=options).versions()
     ]
     assert pylance_versions == list(range(1, 14))
+
+
+def test_a_failing_follow_up_does_not_hide_the_compaction(
+    uri: str,
+    options: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from lancetx.verbs import maintenance
+
+    def broken(*_: Any) -> Any:
+        def plan(ctx: Any) -> Any:
+            raise OSError("index segment upload failed")
+
+        return plan
+
+    monkeypatch.setattr(maintenance, "plan_cover_fragments", broken)
+    table = lancetx.write_table(uri, ids(20), storage_options=options, max_rows_per_file=4)
+    table.create_index("id", "BTREE")
+    v = table.compact()
+    assert v == 3 and table.history()[-1].operation == "Rewrite"
+    assert "index segment upload failed" in caplog.text
+    assert sorted(lance.dataset(uri, storage_options=options).to_table()["id"].to_pylist()) == list(
+        range(20)
+    )
