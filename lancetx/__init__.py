@@ -1,18 +1,75 @@
 """lancetx: safe concurrent commits to Lance tables on object stores without conditional PUT.
 
-The front door. The layers below it are importable on their own:
-``lancetx.commit`` (format, storage, handlers, engine) and ``lancetx.externalstore``.
+The front door::
+
+    import lancetx
+    table = lancetx.write_table(uri, data)          # create (or mode="append"/"overwrite")
+    table = lancetx.open(uri, storage_options)      # an existing table
+    table.append(more); table.delete("id < 3"); table.to_table()
+
+Every write verb commits one version through lancetx (pylance writes the data, never
+the commit). ``lancetx.aio`` has the same verbs for asyncio. The layers below are
+importable on their own: ``lancetx.commit`` (format, storage, handlers, engine) and
+``lancetx.externalstore``.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from lancetx.commit.errors import (
+    DatasetNotFoundError,
+    ExpectedVersionMismatchError,
+    LancetxError,
+    VersionNotFoundError,
+)
+from lancetx.committing import CommitResult
+from lancetx.errors import (
+    ForeignFragmentError,
+    InvalidPredicateError,
+    PylanceCommitsItselfError,
+    ReadOnlyTableError,
+    SchemaMismatchError,
+    TableError,
+    TableExistsError,
+    UnknownColumnError,
+    UnsupportedInputError,
+    WriterClosedError,
+)
+from lancetx.history import VersionInfo
+from lancetx.multi_table import commit_many
+from lancetx.table import MergeInsertBuilder, Table, commit_fragments, connect, open, write_table
+from lancetx.writer import TableWriter
+
 try:
     __version__: str = version("lancetx")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-from lancetx.multi_table import commit_many
-
-__all__ = ["__version__", "commit_many"]
+__all__ = [
+    "CommitResult",
+    "DatasetNotFoundError",
+    "ExpectedVersionMismatchError",
+    "ForeignFragmentError",
+    "InvalidPredicateError",
+    "LancetxError",
+    "MergeInsertBuilder",
+    "PylanceCommitsItselfError",
+    "ReadOnlyTableError",
+    "SchemaMismatchError",
+    "Table",
+    "TableError",
+    "TableExistsError",
+    "TableWriter",
+    "UnknownColumnError",
+    "UnsupportedInputError",
+    "VersionInfo",
+    "VersionNotFoundError",
+    "WriterClosedError",
+    "__version__",
+    "commit_fragments",
+    "commit_many",
+    "connect",
+    "open",
+    "write_table",
+]

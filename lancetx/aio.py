@@ -1,0 +1,372 @@
+"""The asyncio twin of the Table API: the same verbs, awaited.
+
+    table = await lancetx.aio.write_table(uri, data)
+    version = await table.delete("id < 3", commit_message="cleanup")
+    rows = await table.to_table()
+
+The verbs are the very same code as :class:`lancetx.Table`'s
+(:class:`~lancetx.table.TableVerbs`) and so are the verb steps
+(:func:`lancetx.committing.verb_steps`); only the driver differs. pylance's data
+plane is synchronous, so plans and reads run in worker threads
+(``asyncio.to_thread``). Commits of ``s3+ddb://`` tables go through the commit
+loop's async entry point (``commit_transaction_async``, aioboto3); other tables
+(``s3://``, local paths) have no async handler, so their commit loop runs in a
+worker thread. An AsyncTable opens its aioboto3 clients on its first verb and keeps
+them; ``async with table:`` (or ``await table.aclose()``) closes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+
+from lancetx.commit.engine.committer import (
+    commit_transaction,
+    commit_transaction_async,
+    load_parent,
+    load_parent_async,
+)
+from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.commit.handlers.interface import AsyncCommitHandler
+from lancetx.commit.storage.s3store import S3Config
+from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
+from lancetx.committing import (
+    Commit,
+    CommitArgs,
+    CommitResult,
+    Discard,
+    FindKey,
+    LoadLatest,
+    Plan,
+    RunPlan,
+    VerbFlags,
+    discard,
+    verb_steps,
+)
+from lancetx.errors import ReadOnlyTableError, TableExistsError
+from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
+from lancetx.externalstore.dynamodb import DynamoDBConfig
+from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.uri import parse_ddb_uri
+from lancetx.history import VersionInfo
+from lancetx.state import TableState
+from lancetx.table import Table, TableVerbs, _args
+from lancetx.verbs.writing import FragmentsPlan, WritePlan
+from lancetx.writer import AsyncTableWriter, TableWriter
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
+
+
+@asynccontextmanager
+async def open_async_handler(state: TableState) -> AsyncIterator[AsyncCommitHandler | None]:
+    """An async commit handler (aioboto3) for an ``s3+ddb://`` table, closed on exit;
+    None for other tables (their commits run the synchronous loop in a worker thread)."""
+    uri = state.uri
+    if not uri.lower().startswith("s3+ddb://"):
+        yield None
+        return
+    parsed = parse_ddb_uri(uri)
+    options = state.conn.storage_options
+    bucket = urlsplit(parsed.s3_uri).netloc
+    async with (
+        AsyncS3ObjectStore(bucket, config=S3Config.from_options(options), legacy=True) as store,
+        AsyncDynamoDBManifestStore.open(
+            parsed.table_name, DynamoDBConfig.from_options(options)
+        ) as entries,
+    ):
+        yield AsyncExternalStoreCommitHandler(store, entries)
+
+
+async def _commit(state: TableState, handler: AsyncCommitHandler | None, effect: Commit) -> Any:
+    conn = state.conn
+    if handler is not None:
+        return await commit_transaction_async(
+            handler, conn.base, effect.txn, parent=effect.parent, options=effect.options
+        )
+    return await asyncio.to_thread(
+        commit_transaction,
+        conn.handler,
+        conn.base,
+        effect.txn,
+        parent=effect.parent,
+        options=effect.options,
+    )
+
+
+async def _load_latest(state: TableState, handler: AsyncCommitHandler | None) -> Any:
+    if handler is not None:
+        return await load_parent_async(handler, state.conn.base)
+    return await asyncio.to_thread(load_parent, state.conn.handler, state.conn.base)
+
+
+async def run_verb_async(
+    state: TableState,
+    plan: Plan,
+    args: CommitArgs,
+    flags: VerbFlags,
+    handler: AsyncCommitHandler | None = None,
+) -> CommitResult:
+    """Plan and commit one verb: :func:`~lancetx.committing.verb_steps`, driven with await.
+
+    ``handler``: an open async commit handler to use; when None, one is opened for
+    this verb (``s3+ddb://`` tables) and closed after it."""
+    if handler is None and state.uri.lower().startswith("s3+ddb://"):
+        async with open_async_handler(state) as opened:
+            return await _drive(state, plan, args, flags, opened)
+    return await _drive(state, plan, args, flags, handler)
+
+
+async def _drive(
+    state: TableState,
+    plan: Plan,
+    args: CommitArgs,
+    flags: VerbFlags,
+    handler: AsyncCommitHandler | None,
+) -> CommitResult:
+    conn = state.conn
+    steps = verb_steps(state, plan, args, flags)
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = steps.throw(error) if error is not None else steps.send(send)
+        except StopIteration as done:
+            result: CommitResult = done.value
+            return result
+        send, error = None, None
+        try:
+            if isinstance(effect, FindKey):
+                send = await asyncio.to_thread(state.find_idempotency_key, effect.key)
+            elif isinstance(effect, LoadLatest):
+                send = await _load_latest(state, handler)
+            elif isinstance(effect, RunPlan):
+                send = await asyncio.to_thread(effect.plan, effect.ctx)
+            elif isinstance(effect, Commit):
+                send = await _commit(state, handler, effect)
+            elif isinstance(effect, Discard):
+                await asyncio.to_thread(discard, conn.handler.store, effect.keys)
+        except BaseException as exc:  # thrown into the steps, which decide
+            error = exc
+
+
+class AsyncTable(TableVerbs[Awaitable[int]]):
+    """:class:`lancetx.Table` for asyncio: every verb returns an awaitable of the
+    committed version; reads are coroutines too. Obtain one with :func:`open` or
+    :func:`write_table` of this module."""
+
+    def __init__(self, state: TableState, *, pinned: int | None = None) -> None:
+        self._sync = Table(state, pinned=pinned)
+        self._state = state
+        self._pinned = pinned
+        self.last_commit: CommitResult | None = None
+        self._handler: AsyncCommitHandler | None = None
+        self._stack: AsyncExitStack | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def __aenter__(self) -> AsyncTable:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the aioboto3 clients this table opened (``async with table:`` does it)."""
+        stack, self._stack, self._handler, self._loop = self._stack, None, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _commit_handler(self) -> AsyncCommitHandler | None:
+        # aioboto3 clients belong to the event loop that opened them: one set per
+        # table and loop, opened on the first verb (opening costs far more than a commit).
+        loop = asyncio.get_running_loop()
+        if self._stack is not None and self._loop is loop:
+            return self._handler
+        stack = AsyncExitStack()
+        handler = await stack.enter_async_context(open_async_handler(self._state))
+        self._stack, self._handler, self._loop = stack, handler, loop
+        return handler
+
+    @property
+    def uri(self) -> str:
+        return self._sync.uri
+
+    @property
+    def data_uri(self) -> str:
+        return self._sync.data_uri
+
+    @property
+    def read_only(self) -> bool:
+        return self._pinned is not None
+
+    @property
+    def version(self) -> int:
+        """The version this table reads (the one it opened or last committed)."""
+        return self._sync.version
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._sync.schema
+
+    @property
+    def sync(self) -> Table:
+        """The synchronous Table over the same state (for code that is not async)."""
+        return self._sync
+
+    def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> Awaitable[int]:
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
+        return self._drive(plan, args, flags or VerbFlags())
+
+    async def _drive(self, plan: Plan, args: CommitArgs, flags: VerbFlags) -> int:
+        handler = await self._commit_handler()
+        result = await run_verb_async(self._state, plan, args, flags, handler)
+        self.last_commit = result
+        return result.version
+
+    def writer(
+        self,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> AsyncTableWriter:
+        """The async streaming writer: ``async with table.writer() as w: await w.write(b);
+        await w.commit()``."""
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
+        sync_writer = TableWriter(
+            self._sync,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            write_params,
+        )
+        return AsyncTableWriter(sync_writer, self._run)
+
+    async def latest_version(self) -> int:
+        """The table's latest version, resolved now."""
+        return await asyncio.to_thread(lambda: self._sync.latest_version)
+
+    async def refresh(self) -> AsyncTable:
+        await asyncio.to_thread(self._state.refresh)
+        return self
+
+    async def dataset(self) -> LanceDataset:
+        return await asyncio.to_thread(lambda: self._sync.dataset)
+
+    async def to_table(self, **kwargs: Any) -> pa.Table:
+        return await asyncio.to_thread(self._sync.to_table, **kwargs)
+
+    async def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
+        return await asyncio.to_thread(self._sync.count_rows, filter, **kwargs)
+
+    async def scanner(self, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._sync.scanner, **kwargs)
+
+    async def checkout(self, version: int) -> AsyncTable:
+        await asyncio.to_thread(self._state.parent_at, version)
+        return AsyncTable(self._state, pinned=version)
+
+    async def history(self) -> list[VersionInfo]:
+        return await asyncio.to_thread(self._state.history, self.version)
+
+    async def versions(self) -> list[VersionInfo]:
+        return await self.history()
+
+    async def find_idempotency_key(self, key: str) -> int | None:
+        return await asyncio.to_thread(self._sync.find_idempotency_key, key)
+
+
+async def open(
+    uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | None = None
+) -> AsyncTable:
+    """The async :func:`lancetx.open`."""
+    state = await asyncio.to_thread(TableState.connect, uri, storage_options)
+    if await asyncio.to_thread(state.refresh) is None:
+        raise DatasetNotFoundError(uri)
+    table = AsyncTable(state)
+    return await table.checkout(version) if version is not None else table
+
+
+connect = open
+
+
+async def write_table(
+    uri: str,
+    data: Any,
+    *,
+    mode: str = "create",
+    storage_options: Mapping[str, str] | None = None,
+    schema: pa.Schema | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    expected_version: int | None = None,
+    **write_params: Any,
+) -> AsyncTable:
+    """The async :func:`lancetx.write_table`."""
+    if mode not in ("create", "append", "overwrite"):
+        raise ValueError(f'mode must be "create", "append" or "overwrite", not {mode!r}')
+    state = await asyncio.to_thread(TableState.connect, uri, storage_options)
+    latest = await asyncio.to_thread(state.refresh)
+    if mode == "create" and latest is not None:
+        raise TableExistsError(uri, latest.version)
+    plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    table = AsyncTable(state)
+    # The table's own clients commit the write, and stay open for its next verbs.
+    result = await run_verb_async(
+        state,
+        plan,
+        _args(commit_message, properties, idempotency_key, expected_version),
+        VerbFlags(
+            replannable=mode == "overwrite",
+            reusable=True,
+            needs_table=False,
+            on_exists="fail" if mode == "create" else "append",
+        ),
+        await table._commit_handler(),
+    )
+    table.last_commit = result
+    return table
+
+
+async def commit_fragments(
+    uri: str,
+    fragments: Iterable[Any],
+    *,
+    schema: pa.Schema | None,
+    mode: str = "append",
+    storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    expected_version: int | None = None,
+) -> CommitResult:
+    """The async :func:`lancetx.commit_fragments`."""
+    if mode not in ("append", "overwrite"):
+        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    state = await asyncio.to_thread(TableState.connect, uri, storage_options)
+    plan = FragmentsPlan(uri, list(fragments), schema, overwrite=mode == "overwrite")
+    return await run_verb_async(
+        state,
+        plan,
+        _args(commit_message, properties, idempotency_key, expected_version),
+        VerbFlags(
+            replannable=mode == "overwrite", reusable=True, needs_table=False, owns_data=False
+        ),
+    )
+
+
+__all__ = ["AsyncTable", "commit_fragments", "connect", "open", "run_verb_async", "write_table"]

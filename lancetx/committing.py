@@ -1,0 +1,455 @@
+"""How a verb becomes one committed version: plan (pylance writes data), commit (ours).
+
+A *plan* is a function of the version it reads (:class:`PlanContext`) returning the
+transaction to commit. :func:`run_verb` runs it against the newest version the Table
+knows, commits it through the commit loop, and — for verbs that can be re-planned
+(delete/update by predicate, merge_insert, compact) — plans again against the new
+latest version when the loop reports a retryable conflict, a bounded number of
+times. Data files a plan wrote that no committed version references (the plan lost,
+failed, or a rebase superseded them) are deleted; after an unknown outcome nothing
+is deleted.
+
+The pieces that do not wait on I/O (options, cleanup lists, the re-plan decision) are
+shared with the async driver in :mod:`lancetx.aio`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from lancetx.commit.engine.committer import (
+    CommitOptions,
+    Committed,
+    Parent,
+    commit_transaction,
+    load_parent,
+)
+from lancetx.commit.engine.operations import (
+    DataReplacement,
+    Delete,
+    Merge,
+    Transaction,
+    Update,
+)
+from lancetx.commit.errors import (
+    DatasetNotFoundError,
+    ExpectedVersionMismatchError,
+    LancetxError,
+    RetryableConflictError,
+)
+from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.errors import TableExistsError
+from lancetx.protos import table_pb2
+from lancetx.state import TableState
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
+
+log = logging.getLogger(__name__)
+
+#: How many times a re-plannable verb is planned again after a retryable conflict.
+MAX_REPLANS = 10
+
+
+class NothingToDo(Exception):
+    """Raised by a plan that finds nothing to commit (e.g. no fragment needs
+    compaction): the verb returns the version it read, committing nothing."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a commit produced: the version, whether an earlier commit with the same
+    idempotency key was found instead (nothing new committed), and how many claim
+    attempts and plans it took."""
+
+    version: int
+    deduplicated: bool = False
+    attempts: int = 0
+    plans: int = 1
+
+
+@dataclass(frozen=True)
+class CommitArgs:
+    """The caller's metadata and strictness for one commit (every verb takes these)."""
+
+    commit_message: str | None = None
+    properties: Mapping[str, str] | None = None
+    idempotency_key: str | None = None
+    expected_version: int | None = None
+
+    def options(self, table_uri: str | None = None) -> CommitOptions:
+        return CommitOptions(
+            properties=dict(self.properties or {}),
+            commit_message=self.commit_message,
+            expected_version=self.expected_version,
+            idempotency_key=self.idempotency_key,
+            table_uri=table_uri,
+        )
+
+
+@dataclass
+class PlanContext:
+    """The version a plan reads, and pylance opened at it."""
+
+    state: TableState
+    parent: Parent | None
+
+    @property
+    def uri(self) -> str:
+        return self.state.uri
+
+    @property
+    def read_version(self) -> int:
+        return self.parent.version if self.parent is not None else 0
+
+    @property
+    def store(self) -> ObjectStore:
+        return self.state.conn.handler.store
+
+    @property
+    def base(self) -> str:
+        return self.state.conn.base
+
+    @cached_property
+    def dataset(self) -> LanceDataset:
+        assert self.parent is not None, "a plan on a new table has no dataset"
+        return self.state.dataset(self.parent.version)
+
+    @property
+    def dataset_to_write(self) -> LanceDataset:
+        """pylance to write data files with (see :meth:`TableState.dataset_to_write`)."""
+        assert self.parent is not None
+        return self.state.dataset_to_write(self.parent)
+
+    @cached_property
+    def schema(self) -> pa.Schema:
+        assert self.parent is not None
+        return self.state.schema_of(self.parent)
+
+    @property
+    def manifest(self) -> table_pb2.Manifest:
+        assert self.parent is not None
+        return self.parent.manifest.manifest
+
+
+Plan = Callable[[PlanContext], Transaction]
+
+
+# ------------------------------------------------------------------ cleanup lists
+
+
+def _fragment_objects(base: str, fragment: table_pb2.DataFragment) -> set[str]:
+    keys = {join(base, DATA_DIR, f.path) for f in fragment.files if not f.HasField("base_id")}
+    if fragment.HasField("deletion_file") and not fragment.deletion_file.HasField("base_id"):
+        keys.add(deletion_file_key(base, fragment.id, fragment.deletion_file))
+    return keys
+
+
+def _transaction_fragments(txn: Transaction) -> Iterable[table_pb2.DataFragment]:
+    op = txn.operation
+    yield from op.added_fragments
+    if isinstance(op, Delete | Update):
+        yield from op.updated_fragments
+    if isinstance(op, Merge):
+        yield from op.fragments
+    if isinstance(op, DataReplacement):
+        for group in op.replacements:
+            yield table_pb2.DataFragment(id=group.fragment_id, files=[group.new_file])
+
+
+def objects_of(base: str, txn: Transaction) -> set[str]:
+    """Data and deletion files a transaction refers to."""
+    out: set[str] = set()
+    for fragment in _transaction_fragments(txn):
+        out |= _fragment_objects(base, fragment)
+    return out
+
+
+def new_objects(base: str, txn: Transaction, parent: Parent | None) -> set[str]:
+    """Files ``txn`` refers to that ``parent`` does not: the ones its plan wrote."""
+    mine = objects_of(base, txn)
+    if parent is None or not mine:
+        return mine
+    existing: set[str] = set()
+    for fragment in parent.manifest.manifest.fragments:
+        existing |= _fragment_objects(base, fragment)
+    return mine - existing
+
+
+def discard(store: ObjectStore, keys: Iterable[str]) -> None:
+    """Delete objects nothing references (best effort: an orphan is harmless)."""
+    for key in sorted(keys):
+        try:
+            store.delete(key)
+        except LancetxError as exc:
+            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)
+
+
+def should_replan(
+    error: RetryableConflictError, args: CommitArgs, replannable: bool, plans: int
+) -> bool:
+    """Whether a retryable conflict is answered by planning again (bounded; never in strict mode)."""
+    return replannable and args.expected_version is None and plans <= MAX_REPLANS
+
+
+# ------------------------------------------------------------------ steps (sans-IO)
+
+
+@dataclass(frozen=True)
+class FindKey:
+    """Effect: the version committed with this idempotency key, or None."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class LoadLatest:
+    """Effect: the table's latest version (Parent or None)."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Effect: run a plan (pylance's data plane; may run in a worker thread)."""
+
+    plan: Plan
+    ctx: PlanContext
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Effect: commit through the commit loop; its errors are thrown back into the steps."""
+
+    txn: Transaction
+    parent: Parent | None
+    options: CommitOptions
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Effect: delete objects nothing references."""
+
+    keys: frozenset[str]
+
+
+Effect = FindKey | LoadLatest | RunPlan | Commit | Discard
+
+
+@dataclass(frozen=True)
+class VerbFlags:
+    """How a verb may be retried.
+
+    ``replannable``: a retryable conflict plans again on the new latest version.
+    ``reusable``: the plan keeps the data it wrote across plans (writes: the same
+    fragments are committed again), so it is not deleted between plans.
+    ``on_exists``: for a plan creating the table — ``"append"`` turns a lost
+    creation race into an append, ``"fail"`` raises TableExistsError.
+    ``owns_data``: False when the data files came from the caller (commit_fragments,
+    commit): they are never deleted, whatever happens.
+    """
+
+    replannable: bool = False
+    reusable: bool = False
+    needs_table: bool = True
+    on_exists: str = "append"
+    owns_data: bool = True
+
+
+def verb_steps(
+    state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags
+) -> Generator[Effect, Any, CommitResult]:
+    """The whole verb as steps: the sync and async drivers only perform the effects."""
+    if args.idempotency_key is not None:
+        found = yield FindKey(args.idempotency_key)
+        if found is not None:
+            log.info(
+                "%s: idempotency key %r already committed as version %d",
+                state.uri,
+                args.idempotency_key,
+                found,
+            )
+            return CommitResult(found, deduplicated=True, attempts=0, plans=0)
+    parent = state.parent
+    if parent is None:
+        parent = yield LoadLatest()
+        state.remember(parent)
+    if parent is None and flags.needs_table:
+        raise DatasetNotFoundError(state.uri)
+    plans = 0
+    first: CommitResult | None = None  # set once a verb's first commit landed
+    while True:
+        plans += 1
+        try:
+            outcome = yield from _one_round(state, plan, args, flags, parent, plans)
+        except Exception as exc:
+            if first is None:
+                raise
+            # The verb's own commit landed; only its follow-up failed (e.g. indexing
+            # the compacted fragments): report the commit, warn about the rest.
+            log.warning(
+                "%s: version %d committed, but its follow-up failed: %s",
+                state.uri,
+                first.version,
+                exc,
+            )
+            return first
+        if isinstance(outcome, CommitResult):
+            return outcome if first is None else dataclasses.replace(outcome, plans=plans)
+        if isinstance(outcome, _Again):
+            parent = outcome.parent
+            continue
+        committed = outcome
+        follow_up = _follow_up(plan, committed, args)
+        result = result_of(committed, plans)
+        if follow_up is None:
+            return result
+        # A verb made of two commits (compact, then index its new fragments): the
+        # second plans on the version the first committed, with no read.
+        first = first or result
+        plan, args = follow_up
+        parent = Parent(committed.location, committed.manifest)
+
+
+@dataclass(frozen=True)
+class _Again:
+    """Plan again on ``parent``."""
+
+    parent: Parent | None
+
+
+def _one_round(
+    state: TableState,
+    plan: Plan,
+    args: CommitArgs,
+    flags: VerbFlags,
+    parent: Parent | None,
+    plans: int,
+) -> Generator[Effect, Any, CommitResult | _Again | Committed]:
+    """Plan once and commit: the committed version, a result without a commit, or
+    the parent to plan again on."""
+    creating = parent is None
+    options = args.options(state.uri)
+    if creating and options.expected_version is None:
+        # Creating is strict: if another writer created the table first, ours
+        # must not replace its rows; it becomes an append (or fails) below.
+        options = dataclasses.replace(options, expected_version=0)
+    try:
+        txn = yield RunPlan(plan, PlanContext(state, parent))
+    except NothingToDo:
+        return CommitResult(parent.version if parent else 0, attempts=0, plans=plans)
+    wrote = frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
+    try:
+        committed: Committed = yield Commit(txn, parent, options)
+    except CommitStateUnknownError:
+        raise  # our files may be referenced by a version that landed: keep them
+    except ExpectedVersionMismatchError:
+        if not (creating and args.expected_version is None and flags.reusable):
+            yield Discard(wrote)
+            raise
+        if flags.on_exists != "append":
+            yield Discard(wrote)
+            latest = yield LoadLatest()
+            raise TableExistsError(state.uri, latest.version if latest else 1) from None
+        log.info("%s: another writer created the table first; appending", state.uri)
+        latest = yield LoadLatest()
+        state.remember(latest)
+        return _Again(latest)
+    except RetryableConflictError as conflict:
+        if not should_replan(conflict, args, flags.replannable, plans):
+            yield Discard(wrote)
+            raise
+        if not flags.reusable:
+            yield Discard(wrote)
+        log.info("%s: %s; planning again on the latest version", state.uri, conflict)
+        latest = yield LoadLatest()
+        state.remember(latest)
+        return _Again(latest)
+    except BaseException:
+        yield Discard(wrote)
+        raise
+    leftovers = wrote - objects_of(state.conn.base, committed.transaction)
+    if leftovers:
+        yield Discard(leftovers)
+    state.remember(committed)
+    return committed
+
+
+def _follow_up(
+    plan: Plan, committed: Committed, args: CommitArgs
+) -> tuple[Plan, CommitArgs] | None:
+    then = getattr(plan, "then", None)
+    if then is None or getattr(committed, "deduplicated", False):
+        return None
+    nxt: Plan | None = then(Parent(committed.location, committed.manifest))
+    if nxt is None:
+        return None
+    # Same message and properties; the key belongs to the first commit only.
+    return nxt, dataclasses.replace(args, idempotency_key=None, expected_version=None)
+
+
+def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) -> CommitResult:
+    """Plan and commit one verb (see the module docstring), synchronously."""
+    conn = state.conn
+    steps = verb_steps(state, plan, args, flags)
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = steps.throw(error) if error is not None else steps.send(send)
+        except StopIteration as done:
+            result: CommitResult = done.value
+            return result
+        send, error = None, None
+        try:
+            if isinstance(effect, FindKey):
+                send = state.find_idempotency_key(effect.key)
+            elif isinstance(effect, LoadLatest):
+                send = load_parent(conn.handler, conn.base)
+            elif isinstance(effect, RunPlan):
+                send = effect.plan(effect.ctx)
+            elif isinstance(effect, Commit):
+                send = commit_transaction(
+                    conn.handler,
+                    conn.base,
+                    effect.txn,
+                    parent=effect.parent,
+                    options=effect.options,
+                )
+            else:
+                discard(conn.handler.store, effect.keys)
+        except BaseException as exc:  # thrown into the steps, which decide
+            error = exc
+
+
+def result_of(committed: Committed, plans: int) -> CommitResult:
+    return CommitResult(
+        committed.version,
+        deduplicated=bool(getattr(committed, "deduplicated", False)),
+        attempts=committed.attempts,
+        plans=plans,
+    )
+
+
+__all__ = [
+    "MAX_REPLANS",
+    "CommitArgs",
+    "CommitResult",
+    "NothingToDo",
+    "Plan",
+    "PlanContext",
+    "VerbFlags",
+    "discard",
+    "new_objects",
+    "objects_of",
+    "run_verb",
+    "verb_steps",
+]

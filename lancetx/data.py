@@ -1,0 +1,155 @@
+"""User data → one Arrow stream pylance can write in a single pass.
+
+``data`` may be anything pylance's ``write_dataset`` takes: ``pa.Table``,
+``pa.RecordBatch``, ``pa.RecordBatchReader``, an iterable of batches or tables,
+a pandas DataFrame (if pandas is installed), or anything ``lance`` itself coerces.
+
+The stream is *guarded*: when the user's iterator raises, the stream ends cleanly
+instead of failing inside pylance, and the exception is kept in
+:class:`StreamGuard`. pylance then finishes the files it started and tells us their
+paths, so the caller can delete every one of them and re-raise — nothing half-written
+stays behind, nothing is committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from lancetx.errors import SchemaMismatchError, UnsupportedInputError
+
+
+@dataclass
+class StreamGuard:
+    """What a guarded stream saw: rows passed on, and the error that ended it, if any."""
+
+    rows: int = 0
+    error: BaseException | None = None
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _first_and_rest(items: Iterable[Any]) -> tuple[Any, Iterator[Any]]:
+    iterator = iter(items)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        return None, iterator
+    return first, iterator
+
+
+def _as_batches(item: Any, uri: str) -> list[pa.RecordBatch]:
+    if isinstance(item, pa.RecordBatch):
+        return [item]
+    if isinstance(item, pa.Table):
+        batches: list[pa.RecordBatch] = item.to_batches()
+        return batches
+    raise UnsupportedInputError(
+        uri, item, "an iterable of data must yield pa.RecordBatch or pa.Table"
+    )
+
+
+def to_reader(
+    uri: str, data: Any, schema: pa.Schema | None = None
+) -> tuple[pa.RecordBatchReader, StreamGuard]:
+    """``data`` as one guarded RecordBatchReader (read once, never materialized here)."""
+    guard = StreamGuard()
+    source: Iterator[pa.RecordBatch]
+    if isinstance(data, pa.Table):
+        schema = schema or data.schema
+        source = iter(data.to_batches())
+    elif isinstance(data, pa.RecordBatch):
+        schema = schema or data.schema
+        source = iter([data])
+    elif isinstance(data, pa.RecordBatchReader):
+        schema = schema or data.schema
+        source = iter(data)
+    elif _is_pandas(data):
+        table = pa.Table.from_pandas(data, schema=schema, preserve_index=False)
+        schema = table.schema
+        source = iter(table.to_batches())
+    elif isinstance(data, Iterable) and not isinstance(data, str | bytes | dict):
+        first, rest = _first_and_rest(data)
+        if first is None:
+            if schema is None:
+                raise UnsupportedInputError(
+                    uri, data, "an empty iterable carries no schema; pass schema="
+                )
+            source = iter(())
+        else:
+            head = _as_batches(first, uri)
+            schema = schema or (head[0].schema if head else first.schema)
+
+            def chained() -> Iterator[pa.RecordBatch]:
+                yield from head
+                for item in rest:
+                    yield from _as_batches(item, uri)
+
+            source = chained()
+    else:
+        reader = _lance_coerce(uri, data, schema)
+        schema = reader.schema
+        source = iter(reader)
+    assert schema is not None
+    return pa.RecordBatchReader.from_batches(schema, _guarded(source, schema, guard)), guard
+
+
+def _guarded(
+    source: Iterator[pa.RecordBatch], schema: pa.Schema, guard: StreamGuard
+) -> Iterator[pa.RecordBatch]:
+    try:
+        for batch in source:
+            if not batch.schema.equals(schema):
+                # A stray batch would fail deep inside pylance; fail here, cleanly.
+                raise SchemaMismatchError(
+                    "<stream>",
+                    f"a batch has schema {batch.schema} but the stream started with {schema}",
+                )
+            guard.rows += batch.num_rows
+            yield batch
+    except Exception as exc:
+        guard.error = exc
+
+
+def _is_pandas(data: Any) -> bool:
+    module = type(data).__module__
+    return module.startswith("pandas") and hasattr(data, "to_records")
+
+
+def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBatchReader:
+    from lance import dataset as lance_dataset
+
+    coerce = getattr(lance_dataset, "_coerce_reader", None)
+    if coerce is None:
+        raise UnsupportedInputError(uri, data, "expected Arrow data (pa.Table, RecordBatchReader)")
+    try:
+        reader: pa.RecordBatchReader = coerce(data, schema)
+    except TypeError as exc:
+        raise UnsupportedInputError(uri, data, f"expected data pylance can write ({exc})") from None
+    return reader
+
+
+def check_append_schema(uri: str, data: pa.Schema, table: pa.Schema) -> None:
+    """Refuse data whose columns the table does not have, or has with another type."""
+    problems: list[str] = []
+    for field in data:
+        index = table.get_field_index(field.name)
+        if index < 0:
+            problems.append(f"column {field.name!r} is not in the table")
+            continue
+        expected = table.field(index).type
+        if not field.type.equals(expected):
+            problems.append(f"column {field.name!r} is {field.type}, the table has {expected}")
+    missing = [f.name for f in table if data.get_field_index(f.name) < 0 and not f.nullable]
+    if missing:
+        problems.append(f"non-nullable column(s) {missing} are missing")
+    if problems:
+        raise SchemaMismatchError(uri, "; ".join(problems))
+
+
+__all__ = ["StreamGuard", "check_append_schema", "to_reader"]

@@ -1,0 +1,151 @@
+"""Errors of the front door (the Table API).
+
+Each one is a :class:`~lancetx.commit.errors.LancetxError` raised *before* anything
+is committed: the message names the table, the thing at fault (column, predicate,
+file, Python type) and what to do instead. Errors of the commit itself (conflicts,
+strict-mode mismatches, unknown outcomes) come from :mod:`lancetx.commit.errors`
+and :mod:`lancetx.commit.handlers.interface` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lancetx.commit.errors import LancetxError
+
+
+class TableError(LancetxError):
+    """Base class of front-door errors; ``uri`` names the table."""
+
+    def __init__(self, uri: str, message: str) -> None:
+        self.uri = uri
+        super().__init__(f"{uri}: {message}")
+
+
+class TableExistsError(TableError):
+    """``write_table(mode="create")`` found a table that already has versions."""
+
+    def __init__(self, uri: str, version: int) -> None:
+        self.version = version
+        super().__init__(
+            uri,
+            f"a table already exists here (latest version {version}); "
+            'use mode="append" or mode="overwrite", or lancetx.open(uri)',
+        )
+
+
+class InvalidPredicateError(TableError):
+    """pylance cannot parse or evaluate a filter predicate. Nothing was written."""
+
+    def __init__(self, uri: str, predicate: str, detail: str) -> None:
+        self.predicate = predicate
+        super().__init__(
+            uri,
+            f"cannot use predicate {predicate!r}: {detail}; write it in Lance's SQL "
+            "dialect over this table's columns (e.g. \"id > 3 AND name = 'x'\")",
+        )
+
+
+class UnknownColumnError(TableError):
+    """A verb names columns the table does not have. Nothing was written."""
+
+    def __init__(self, uri: str, columns: Sequence[str], existing: Sequence[str]) -> None:
+        self.columns = list(columns)
+        super().__init__(
+            uri,
+            f"no column(s) {', '.join(repr(c) for c in columns)} in this table "
+            f"(columns: {', '.join(existing)})",
+        )
+
+
+class SchemaMismatchError(TableError):
+    """Data whose schema does not fit the table's. Nothing was written."""
+
+    def __init__(self, uri: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            uri,
+            f"the data does not match the table's schema: {problem}; cast the data to the "
+            'table\'s schema (Table.schema), or replace the table with mode="overwrite"',
+        )
+
+
+class UnsupportedInputError(TableError, TypeError):
+    """An object of a kind this verb cannot take (e.g. a pylance operation that
+    lancetx cannot convert). Also a TypeError. Nothing was written."""
+
+    def __init__(self, uri: str, what: object, expected: str) -> None:
+        kind = type(what)
+        self.type_name = f"{kind.__module__}.{kind.__qualname__}"
+        super().__init__(uri, f"cannot take a {self.type_name} here: {expected}")
+
+
+class ForeignFragmentError(TableError):
+    """Fragments whose data files are not under this table's data directory.
+
+    Committing them would publish rows whose files live elsewhere (another table,
+    a typo'd URI) and can vanish with that place. Nothing was written.
+    """
+
+    def __init__(self, uri: str, data_dir: str, files: Sequence[str]) -> None:
+        self.files = list(files)
+        shown = ", ".join(files[:5]) + (" …" if len(files) > 5 else "")
+        super().__init__(
+            uri,
+            f"data file(s) {shown} are not in this table's data directory {data_dir}; "
+            "write fragments with lance.fragment.write_fragments(data, <this table's data "
+            "URI>) (Table.data_uri) and commit those",
+        )
+
+
+class PylanceCommitsItselfError(TableError):
+    """A verb pylance can only carry out by committing to the table itself.
+
+    lancetx never lets pylance commit behind its back (on a store without
+    conditional PUT that would race other writers), so such verbs are refused;
+    the message names the alternative.
+    """
+
+    def __init__(self, uri: str, verb: str, alternative: str) -> None:
+        self.verb = verb
+        self.alternative = alternative
+        super().__init__(
+            uri,
+            f"{verb} can only be done by pylance committing to the table itself, which "
+            f"lancetx does not allow; instead: {alternative}",
+        )
+
+
+class ReadOnlyTableError(TableError):
+    """A write verb called on a read-only view (``Table.checkout``)."""
+
+    def __init__(self, uri: str, version: int) -> None:
+        self.version = version
+        super().__init__(
+            uri,
+            f"this Table is a read-only view of version {version}; write through "
+            "lancetx.open(uri) (the latest version), or restore this version with "
+            f"Table.restore({version})",
+        )
+
+
+class WriterClosedError(TableError):
+    """A streaming writer used after commit() or abort()."""
+
+    def __init__(self, uri: str, state: str) -> None:
+        self.state = state
+        super().__init__(uri, f"this writer is already {state}; open a new one with Table.writer()")
+
+
+__all__ = [
+    "ForeignFragmentError",
+    "InvalidPredicateError",
+    "PylanceCommitsItselfError",
+    "ReadOnlyTableError",
+    "SchemaMismatchError",
+    "TableError",
+    "TableExistsError",
+    "UnknownColumnError",
+    "UnsupportedInputError",
+    "WriterClosedError",
+]

@@ -1,0 +1,132 @@
+"""A table's history: one :class:`VersionInfo` per version, read from its manifest.
+
+Each version's manifest carries its transaction inline (lancetx and pylance 14 both
+write it), so a version costs one GET; older versions without it fall back to the
+transaction file. Versions are loaded in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
+from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY, Transaction
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import ManifestFile, read_manifest_at
+from lancetx.commit.format.transaction_file import read_transaction_of
+from lancetx.commit.handlers.interface import CommitHandler
+
+#: Transaction property holding a commit's idempotency key (the commit loop's).
+IDEMPOTENCY_KEY_PROPERTY = IDEMPOTENCY_KEY
+
+#: Versions loaded at once while reading history.
+HISTORY_PARALLELISM = 8
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One committed version as ``Table.history()`` reports it.
+
+    ``operation`` is the spec's name (``"Append"``, ``"Delete"`` …; ``None`` for a
+    version written without a transaction); ``properties`` are the transaction
+    properties without Lance's reserved commit-message key, which is
+    ``commit_message``; ``committer`` is the library named in the manifest
+    (``"lancetx"`` or ``"lance"``).
+    """
+
+    version: int
+    timestamp: datetime | None
+    operation: str | None
+    commit_message: str | None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    committer: str = ""
+    transaction_uuid: str | None = None
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.properties.get(IDEMPOTENCY_KEY_PROPERTY)
+
+
+def version_info(
+    handler: CommitHandler,
+    base: str,
+    location: ManifestLocation,
+    loaded: ManifestFile | None = None,
+) -> VersionInfo:
+    """The :class:`VersionInfo` of one version (one GET unless ``loaded`` is given)."""
+    manifest_file = loaded if loaded is not None else read_manifest_at(handler.store, location)
+    manifest = manifest_file.manifest
+    pb = read_transaction_of(handler.store, base, manifest_file)
+    txn = Transaction.from_proto(pb) if pb is not None else None
+    stamp = None
+    if manifest.HasField("timestamp"):
+        ts = manifest.timestamp
+        stamp = datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC)
+    properties = dict(txn.properties) if txn is not None else {}
+    message = properties.pop(COMMIT_MESSAGE_KEY, None)
+    return VersionInfo(
+        version=location.version,
+        timestamp=stamp,
+        operation=txn.operation.name if txn is not None else None,
+        commit_message=message,
+        properties=properties,
+        committer=manifest.writer_version.library,
+        transaction_uuid=txn.uuid if txn is not None else None,
+    )
+
+
+def iter_history_newest_first(
+    handler: CommitHandler, base: str, *, until: int | None = None, since: int = 0
+) -> Iterator[VersionInfo]:
+    """Versions ``since+1 .. until`` (default: latest) newest first, loaded in parallel batches."""
+    locations = handler.list_versions(base, since)
+    if until is not None:
+        locations = [loc for loc in locations if loc.version <= until]
+    locations.sort(key=lambda loc: loc.version, reverse=True)
+    with ThreadPoolExecutor(max_workers=HISTORY_PARALLELISM) as pool:
+        for start in range(0, len(locations), HISTORY_PARALLELISM):
+            batch = locations[start : start + HISTORY_PARALLELISM]
+            yield from pool.map(lambda loc: version_info(handler, base, loc), batch)
+
+
+def load_versions(
+    handler: CommitHandler, base: str, locations: list[ManifestLocation]
+) -> list[VersionInfo]:
+    """The :class:`VersionInfo` of each location, loaded in parallel."""
+    if not locations:
+        return []
+    with ThreadPoolExecutor(max_workers=min(HISTORY_PARALLELISM, len(locations))) as pool:
+        return list(pool.map(lambda loc: version_info(handler, base, loc), locations))
+
+
+def load_history(
+    handler: CommitHandler, base: str, *, until: int | None = None
+) -> list[VersionInfo]:
+    """Every version up to ``until`` (default: latest), oldest first."""
+    return sorted(
+        iter_history_newest_first(handler, base, until=until), key=lambda info: info.version
+    )
+
+
+def find_idempotency_key(
+    handler: CommitHandler, base: str, key: str, *, since: int = 0
+) -> int | None:
+    """The newest version after ``since`` committed with idempotency key ``key``, or None."""
+    for info in iter_history_newest_first(handler, base, since=since):
+        if info.idempotency_key == key:
+            return info.version
+    return None
+
+
+__all__ = [
+    "IDEMPOTENCY_KEY_PROPERTY",
+    "VersionInfo",
+    "find_idempotency_key",
+    "iter_history_newest_first",
+    "load_history",
+    "load_versions",
+    "version_info",
+]

@@ -1,0 +1,202 @@
+"""What a Table holds: its connection, the newest version it knows, and pylance at a version.
+
+The newest known version (:attr:`TableState.parent`) is the one the Table opened or
+last committed; verbs plan against it and the commit loop builds on it, so a writer
+that commits back to back never re-reads what it just wrote. pylance datasets are
+opened on the table's *data* URI (``s3://…`` for an ``s3+ddb://`` table) at an explicit
+version lancetx resolved, so pylance never resolves "latest" on its own and never
+talks to the version store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from lancetx.commit.engine.committer import Committed, Parent, load_parent
+from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.commit.format.schema import fields_to_arrow_schema
+from lancetx.externalstore.connect import TableConnection, connect
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
+
+    from lancetx.history import VersionInfo
+
+#: How many of the newest versions an idempotency key is looked for in before a
+#: commit (each read once per process). A retried job or stream batch commits again
+#: soon after its first attempt; raise it for tables committed to very often.
+IDEMPOTENCY_HORIZON = 1000
+
+#: Storage options that configure lancetx only; pylance must not see them.
+_LANCETX_ONLY_PREFIXES = ("lancetx_",)
+
+
+def pylance_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The storage options to hand pylance (lancetx's own switches removed)."""
+    return {k: v for k, v in options.items() if not k.lower().startswith(_LANCETX_ONLY_PREFIXES)}
+
+
+@dataclass
+class TableState:
+    """A table's connection and the newest version this process knows."""
+
+    conn: TableConnection
+    parent: Parent | None = None
+    _datasets: dict[int, LanceDataset] = field(default_factory=dict, repr=False)
+    #: Schema signature (fields, schema metadata, data format) of each cached dataset.
+    _signatures: dict[int, bytes] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Versions already read for history (a committed version never changes), so
+    #: history and idempotency checks only read versions they have not seen.
+    _infos: dict[int, VersionInfo] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def connect(cls, uri: str, storage_options: Mapping[str, str] | None) -> TableState:
+        return cls(connect(uri, storage_options))
+
+    @property
+    def uri(self) -> str:
+        return self.conn.uri
+
+    @property
+    def data_dir_key(self) -> str:
+        """Object key of the table's ``data/`` directory (with a trailing slash)."""
+        return join(self.conn.base, DATA_DIR) + "/"
+
+    def refresh(self) -> Parent | None:
+        """Resolve the latest version (one round trip to the version store + one GET)."""
+        latest = load_parent(self.conn.handler, self.conn.base)
+        self.remember(latest)
+        return latest
+
+    def remember(self, parent: Parent | Committed | None) -> None:
+        """Record a version as the newest known (ignoring an older one)."""
+        if parent is None:
+            return
+        if isinstance(parent, Committed):
+            parent = Parent(parent.location, parent.manifest)
+        with self._lock:
+            if self.parent is None or parent.version >= self.parent.version:
+                self.parent = parent
+
+    def history(self, until: int | None = None) -> list[VersionInfo]:
+        """Every version up to ``until`` (default: latest), oldest first. A committed
+        version never changes, so each is read once per process (in parallel)."""
+        from lancetx.history import load_versions
+
+        handler, base = self.conn.handler, self.conn.base
+        locations = handler.list_versions(base, 0)
+        if until is not None:
+            locations = [loc for loc in locations if loc.version <= until]
+        with self._lock:
+            missing = [loc for loc in locations if loc.version not in self._infos]
+        loaded = load_versions(handler, base, missing)
+        with self._lock:
+            self._infos.update((info.version, info) for info in loaded)
+            return [self._infos[loc.version] for loc in locations]
+
+    def find_idempotency_key(self, key: str, horizon: int | None = None) -> int | None:
+        """The newest version committed with idempotency ``key``, or None.
+
+        Looks at the newest ``horizon`` versions (default
+        :data:`IDEMPOTENCY_HORIZON`; None in the call means the default, 0 means all),
+        newest first, reading each version at most once per process and stopping at
+        the first match. (Versions committed after a commit's read version are
+        checked by the commit loop itself, whatever their number.)"""
+        from lancetx.history import HISTORY_PARALLELISM, load_versions
+
+        handler, base = self.conn.handler, self.conn.base
+        limit = IDEMPOTENCY_HORIZON if horizon is None else horizon
+        locations = sorted(handler.list_versions(base, 0), key=lambda loc: -loc.version)
+        if limit:
+            locations = locations[:limit]
+        for start in range(0, len(locations), HISTORY_PARALLELISM):
+            batch = locations[start : start + HISTORY_PARALLELISM]
+            with self._lock:
+                missing = [loc for loc in batch if loc.version not in self._infos]
+            loaded = load_versions(handler, base, missing)
+            with self._lock:
+                self._infos.update((info.version, info) for info in loaded)
+                infos = [self._infos[loc.version] for loc in batch]
+            for info in infos:
+                if info.idempotency_key == key:
+                    return info.version
+        return None
+
+    def require_parent(self) -> Parent:
+        parent = self.parent if self.parent is not None else self.refresh()
+        if parent is None:
+            raise DatasetNotFoundError(self.uri)
+        return parent
+
+    def parent_at(self, version: int) -> Parent:
+        """The manifest of ``version`` (the cached one when it is the newest known)."""
+        if self.parent is not None and self.parent.version == version:
+            return self.parent
+        found = load_parent(self.conn.handler, self.conn.base, version)
+        assert found is not None
+        return found
+
+    def dataset(self, version: int) -> LanceDataset:
+        """pylance's dataset at ``version`` (opened once per version, sharing one session)."""
+        with self._lock:
+            cached = self._datasets.get(version)
+            any_open = next(iter(self._datasets.values()), None)
+        if cached is not None:
+            return cached
+        if any_open is not None:
+            ds = any_open.checkout_version(version)
+        else:
+            import lance
+
+            ds = lance.dataset(
+                self.conn.data_uri,
+                version=version,
+                storage_options=pylance_options(self.conn.storage_options) or None,
+            )
+        with self._lock:
+            if len(self._datasets) >= 8:  # a writer moves forward; keep the newest few
+                oldest = min(self._datasets)
+                self._datasets.pop(oldest)
+                self._signatures.pop(oldest, None)
+            self._datasets[version] = ds
+        return ds
+
+    def dataset_to_write(self, parent: Parent) -> LanceDataset:
+        """A pylance dataset to write new data files for ``parent``: any one already
+        open whose schema and data format are ``parent``'s (data files do not depend on
+        anything else), so back-to-back appends do not re-open each new version."""
+        wanted = _signature(parent)
+        with self._lock:
+            for version, signature in sorted(self._signatures.items(), reverse=True):
+                if signature == wanted and version in self._datasets:
+                    return self._datasets[version]
+        ds = self.dataset(parent.version)
+        with self._lock:
+            self._signatures[parent.version] = wanted
+        return ds
+
+    def schema_of(self, parent: Parent) -> pa.Schema:
+        """The Arrow schema of a version, from its manifest (no pylance, no read)."""
+        m = parent.manifest.manifest
+        return fields_to_arrow_schema(list(m.fields), dict(m.schema_metadata))
+
+    def pylance_storage_options(self) -> dict[str, str] | None:
+        return pylance_options(self.conn.storage_options) or None
+
+
+def _signature(parent: Parent) -> bytes:
+    m = parent.manifest.manifest
+    parts = [f.SerializeToString(deterministic=True) for f in m.fields]
+    parts.append(repr(sorted(m.schema_metadata.items())).encode())
+    parts.append(m.data_format.SerializeToString(deterministic=True))
+    return b"\x00".join(parts)
+
+
+__all__ = ["IDEMPOTENCY_HORIZON", "TableState", "pylance_options"]

@@ -1,0 +1,637 @@
+"""The front door: ``lancetx.open`` / ``write_table`` / ``commit_fragments`` and :class:`Table`.
+
+Every write verb is one transaction: pylance produces the data (uncommitted APIs),
+lancetx commits it and returns the committed version. Reads go through pylance at
+the version lancetx resolved (:attr:`Table.version`), so a Table reads exactly what
+it last committed or opened, without pylance resolving "latest" on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import pyarrow as pa
+
+from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
+from lancetx.convert import to_transaction
+from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
+from lancetx.history import VersionInfo
+from lancetx.state import TableState
+from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
+from lancetx.verbs.maintenance import (
+    plan_compact,
+    plan_create_index,
+    plan_drop_index,
+    plan_restore,
+    plan_update_config,
+)
+from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
+from lancetx.verbs.rows import plan_delete, plan_update
+from lancetx.verbs.writing import FragmentsPlan, WritePlan
+
+R = TypeVar("R")
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
+
+    from lancetx.writer import TableWriter
+
+#: pylance verbs that only exist as "pylance commits itself", with what to use instead.
+REFUSED_VERBS: Mapping[str, str] = {
+    "insert": "Table.append(data)",
+    "merge": "Table.add_columns(...) or Table.merge_insert(on=...)",
+    "truncate_table": "Table.delete('true')",
+    "optimize_indices": "Table.create_index(column, index_type, replace=True)",
+    "delete_config_keys": "Table.update_config({key: None})",
+    "update_field_metadata": "Table.commit(UpdateConfig(field_metadata_updates=...))",
+    "create_branch": "a separate table (lancetx commits one linear history)",
+}
+
+
+def _args(
+    commit_message: str | None,
+    properties: Mapping[str, str] | None,
+    idempotency_key: str | None,
+    expected_version: int | None,
+) -> CommitArgs:
+    return CommitArgs(commit_message, properties, idempotency_key, expected_version)
+
+
+class TableVerbs(Generic[R]):
+    """The write verbs, written once for :class:`Table` (``R`` = int) and
+    :class:`lancetx.aio.AsyncTable` (``R`` = an awaitable int): each builds a plan
+    and hands it to ``_run``, the driver of its flavour.
+
+    Every write verb is one transaction and takes ``commit_message=``,
+    ``properties=`` (stored in the transaction; pylance sees them too),
+    ``idempotency_key=`` (a retried call with the same key returns the first
+    commit's version instead of committing again) and ``expected_version=``
+    (strict: commit only if the table is still at that version, else
+    ExpectedVersionMismatchError, nothing written). Each returns the committed version.
+    """
+
+    @property
+    def uri(self) -> str:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        alternative = REFUSED_VERBS.get(name)
+        if alternative is not None:
+            raise PylanceCommitsItselfError(self.uri, f"LanceDataset.{name}", alternative)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> R:
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- write verbs
+
+    def append(
+        self,
+        data: Any,
+        *,
+        schema: pa.Schema | None = None,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> R:
+        """Append ``data`` (anything pylance writes). ``write_params`` go to
+        ``lance.fragment.write_fragments`` (max_rows_per_file, …)."""
+        plan = WritePlan(data, overwrite=False, schema=schema, params=write_params)
+        return self._run(
+            plan,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(reusable=True),
+        )
+
+    def overwrite(
+        self,
+        data: Any,
+        *,
+        schema: pa.Schema | None = None,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> R:
+        """Replace every row (and the schema) with ``data``; older versions stay readable."""
+        plan = WritePlan(data, overwrite=True, schema=schema, params=write_params)
+        return self._run(
+            plan,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True, reusable=True),
+        )
+
+    def delete(
+        self,
+        predicate: str,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Delete the rows matching the SQL ``predicate`` (re-planned after a retryable conflict)."""
+        return self._run(
+            plan_delete(predicate),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+    def update(
+        self,
+        values: Mapping[str, Any],
+        where: str | None = None,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> R:
+        """Set columns on the rows matching ``where`` (all rows when None). A string
+        value is an SQL expression over the old row (``"price * 2"``); anything else
+        is a literal."""
+        return self._run(
+            plan_update(where, values, write_params),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+    def merge_insert(self, on: str | Sequence[str]) -> MergeInsertBuilder[R]:
+        """A builder like pylance's: ``table.merge_insert("id").when_matched_update_all()
+        .when_not_matched_insert_all().execute(data)`` → the committed version."""
+        return MergeInsertBuilder(self, join_columns(on))
+
+    def add_columns(
+        self,
+        transforms: Any,
+        read_columns: list[str] | None = None,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Add columns: ``{"name": "SQL expression"}``, a batch UDF, or Arrow fields
+        (all-null, metadata only)."""
+        return self._run(
+            plan_add_columns(transforms, read_columns),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def drop_columns(
+        self,
+        columns: Sequence[str],
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Drop top-level columns (metadata only; the data stays in older versions)."""
+        return self._run(
+            plan_drop_columns(list(columns)),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def alter_columns(
+        self,
+        *alterations: Mapping[str, Any],
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Rename columns or change nullability: ``{"path": "a", "name": "b"}``,
+        ``{"path": "a", "nullable": True}``. A type change is refused (see the error)."""
+        return self._run(
+            plan_alter_columns(list(alterations)),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def compact(
+        self,
+        options: Mapping[str, Any] | None = None,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Rewrite small fragments (and fragments with many deleted rows) into fewer
+        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
+        Returns the current version unchanged when nothing needs compaction."""
+        return self._run(
+            plan_compact(options or {}),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+    def create_index(
+        self,
+        column: str,
+        index_type: str,
+        *,
+        name: str | None = None,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **index_params: Any,
+    ) -> R:
+        """Build an index (scalar: ``"BTREE"``, ``"BITMAP"``, …; vector: ``"IVF_PQ"``,
+        ``"IVF_FLAT"``, … with ``num_partitions=`` etc.) over every fragment, via
+        pylance's ``create_index_uncommitted``; lancetx commits it."""
+        return self._run(
+            plan_create_index(column, index_type, name, replace, index_params),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def drop_index(
+        self,
+        name: str,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Remove the index ``name`` (every segment of it) from the table."""
+        return self._run(
+            plan_drop_index(name),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def restore(
+        self,
+        version: int,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Make ``version`` the latest again (as a new version; history is kept)."""
+        return self._run(
+            plan_restore(version),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def update_config(
+        self,
+        values: Mapping[str, str | None],
+        *,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Set table config keys (``None`` removes a key; ``replace`` replaces all)."""
+        return self._run(
+            plan_update_config(config=values, replace=replace),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def update_metadata(
+        self,
+        values: Mapping[str, str | None],
+        *,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Set table metadata keys (``None`` removes a key)."""
+        return self._run(
+            plan_update_config(table_metadata=values, replace=replace),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def update_schema_metadata(
+        self,
+        values: Mapping[str, str | None],
+        *,
+        replace: bool = False,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Set schema metadata keys (``None`` removes a key)."""
+        return self._run(
+            plan_update_config(schema_metadata=values, replace=replace),
+            _args(commit_message, properties, idempotency_key, expected_version),
+        )
+
+    def commit(
+        self,
+        transaction: Any,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
+        pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
+        refused naming their type). Fragments must be in this table's data directory."""
+        from lancetx.verbs.writing import check_in_data_dir
+
+        def plan(ctx: Any) -> Any:
+            txn = to_transaction(self.uri, transaction, read_version=ctx.read_version)
+            check_in_data_dir(ctx, list(txn.operation.added_fragments))
+            return txn
+
+        return self._run(
+            plan,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(owns_data=False),
+        )
+
+
+class Table(TableVerbs[int]):
+    """A Lance table committed through lancetx.
+
+    Obtain one with :func:`open` or :func:`write_table`. :attr:`version` is the
+    version this Table reads (the one it opened or last committed); write verbs
+    plan against the newest version it knows and return the version they commit.
+    Every write verb takes ``commit_message=``, ``properties=`` (stored in the
+    transaction; pylance sees them too), ``idempotency_key=`` (a retried call with
+    the same key returns the first commit's version instead of committing again) and
+    ``expected_version=`` (strict: commit only if the table is still at that
+    version, else ExpectedVersionMismatchError, nothing written).
+    """
+
+    def __init__(self, state: TableState, *, pinned: int | None = None) -> None:
+        self._state = state
+        self._pinned = pinned
+        #: Details of the last commit made through this Table.
+        self.last_commit: CommitResult | None = None
+
+    # ----------------------------------------------------------------- identity
+
+    @property
+    def uri(self) -> str:
+        """The table's URI as given (``s3+ddb://…``, ``s3://…`` or a path)."""
+        return self._state.uri
+
+    @property
+    def data_uri(self) -> str:
+        """Where data files go (pass it to ``lance.fragment.write_fragments``)."""
+        return self._state.conn.data_uri
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return dict(self._state.conn.storage_options)
+
+    @property
+    def read_only(self) -> bool:
+        """True for a :meth:`checkout` view."""
+        return self._pinned is not None
+
+    @property
+    def version(self) -> int:
+        """The version this Table reads: pinned by checkout, else the newest it knows."""
+        if self._pinned is not None:
+            return self._pinned
+        return self._state.require_parent().version
+
+    @property
+    def latest_version(self) -> int:
+        """The table's latest version, resolved now (one request to the version store)."""
+        latest = self._state.refresh()
+        if latest is None:
+            raise DatasetNotFoundError(self.uri)
+        return latest.version
+
+    def refresh(self) -> Table:
+        """Move this Table to the latest version (reads then see others' commits)."""
+        self._state.refresh()
+        return self
+
+    def __repr__(self) -> str:
+        pinned = ", read-only" if self._pinned is not None else ""
+        known = self._state.parent.version if self._state.parent else None
+        return f"Table({self.uri!r}, version={self._pinned or known}{pinned})"
+
+    # ------------------------------------------------------------------- reads
+
+    @property
+    def dataset(self) -> LanceDataset:
+        """pylance's dataset at :attr:`version`, for reading. Do not write through it:
+        pylance would commit behind lancetx's back (use this Table's verbs)."""
+        return self._state.dataset(self.version)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema at :attr:`version` (from the manifest; no pylance call)."""
+        return self._state.schema_of(self._state.parent_at(self.version))
+
+    def to_table(self, **kwargs: Any) -> pa.Table:
+        """``LanceDataset.to_table`` at :attr:`version` (columns=, filter=, limit=, …)."""
+        table: pa.Table = self.dataset.to_table(**kwargs)
+        return table
+
+    def scanner(self, **kwargs: Any) -> Any:
+        """``LanceDataset.scanner`` at :attr:`version`."""
+        return self.dataset.scanner(**kwargs)
+
+    def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
+        """Rows at :attr:`version` (matching ``filter``)."""
+        return int(self.dataset.count_rows(filter=filter, **kwargs))
+
+    def checkout(self, version: int) -> Table:
+        """A read-only view of ``version`` (VersionNotFoundError if it does not exist)."""
+        self._state.parent_at(version)  # fail now, naming the version, if it does not exist
+        return Table(self._state, pinned=version)
+
+    def history(self) -> list[VersionInfo]:
+        """Every version up to :attr:`version`, oldest first, with operation, commit
+        message, properties and committer (one GET per version, in parallel)."""
+        return self._state.history(until=self.version)
+
+    def versions(self) -> list[VersionInfo]:
+        """Same as :meth:`history`."""
+        return self.history()
+
+    def find_idempotency_key(self, key: str) -> int | None:
+        """The version committed with idempotency key ``key`` (newest first), or None."""
+        return self._state.find_idempotency_key(key, horizon=0)
+
+    def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
+        result = run_verb(self._state, plan, args, flags or VerbFlags())
+        self.last_commit = result
+        return result.version
+
+    def writer(
+        self,
+        *,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        **write_params: Any,
+    ) -> TableWriter:
+        """A streaming writer: ``with table.writer() as w: w.write(batch); w.commit()``."""
+        from lancetx.writer import TableWriter
+
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
+        return TableWriter(
+            self,
+            _args(commit_message, properties, idempotency_key, expected_version),
+            write_params,
+        )
+
+
+class MergeInsertBuilder(Generic[R]):
+    """pylance's merge_insert builder, committed by lancetx (see :meth:`Table.merge_insert`)."""
+
+    def __init__(self, table: TableVerbs[R], on: list[str]) -> None:
+        self._table = table
+        self._spec = MergeSpec(on=on)
+
+    def when_matched_update_all(self, condition: str | None = None) -> MergeInsertBuilder[R]:
+        """Matched rows take the source's values (upsert), optionally only where
+        ``condition`` (``source.``/``target.`` prefixed SQL) holds."""
+        self._spec.matched_update = True
+        self._spec.matched_condition = condition
+        return self
+
+    def when_not_matched_insert_all(self) -> MergeInsertBuilder[R]:
+        """Source rows without a match are inserted (insert-if-not-exists)."""
+        self._spec.not_matched_insert = True
+        return self
+
+    def when_not_matched_by_source_delete(self, expr: str | None = None) -> MergeInsertBuilder[R]:
+        """Target rows without a match in the source are deleted (optionally only where ``expr``)."""
+        self._spec.not_matched_by_source_delete = True
+        self._spec.not_matched_by_source_condition = expr
+        return self
+
+    def plan(self, data: Any, schema: pa.Schema | None = None) -> Plan:
+        return plan_merge_insert(self._spec, materialize(self._table.uri, data, schema))
+
+    def execute(
+        self,
+        data: Any,
+        *,
+        schema: pa.Schema | None = None,
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+    ) -> R:
+        """Run the merge against ``data`` and commit it; returns the committed version."""
+        return self._table._run(
+            self.plan(data, schema),
+            _args(commit_message, properties, idempotency_key, expected_version),
+            VerbFlags(replannable=True),
+        )
+
+
+# ---------------------------------------------------------------------- front door
+
+
+def open(
+    uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | None = None
+) -> Table:
+    """Open the table at ``uri`` (``s3+ddb://bucket/path?ddbTableName=T``, ``s3://…``,
+    or a local path). Raises DatasetNotFoundError if it has no version; with
+    ``version`` returns a read-only view of that version."""
+    state = TableState.connect(uri, storage_options)
+    if state.refresh() is None:
+        raise DatasetNotFoundError(uri)
+    table = Table(state)
+    return table.checkout(version) if version is not None else table
+
+
+connect = open
+
+
+def write_table(
+    uri: str,
+    data: Any,
+    *,
+    mode: str = "create",
+    storage_options: Mapping[str, str] | None = None,
+    schema: pa.Schema | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    expected_version: int | None = None,
+    **write_params: Any,
+) -> Table:
+    """Write ``data`` as a new table (``mode="create"``), or append to / overwrite the
+    table at ``uri`` (creating it if absent). Returns the Table at the committed version."""
+    if mode not in ("create", "append", "overwrite"):
+        raise ValueError(f'mode must be "create", "append" or "overwrite", not {mode!r}')
+    state = TableState.connect(uri, storage_options)
+    latest = state.refresh()
+    if mode == "create" and latest is not None:
+        raise TableExistsError(uri, latest.version)
+    plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    result = run_verb(
+        state,
+        plan,
+        _args(commit_message, properties, idempotency_key, expected_version),
+        VerbFlags(
+            replannable=mode == "overwrite",
+            reusable=True,
+            needs_table=False,
+            on_exists="fail" if mode == "create" else "append",
+        ),
+    )
+    table = Table(state)
+    table.last_commit = result
+    return table
+
+
+def commit_fragments(
+    uri: str,
+    fragments: Iterable[Any],
+    *,
+    schema: pa.Schema | None,
+    mode: str = "append",
+    storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    expected_version: int | None = None,
+) -> CommitResult:
+    """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
+    ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
+    created; a creator that loses the race to another one appends instead. Every data
+    file must already be in the table's ``data/`` directory (ForeignFragmentError)."""
+    if mode not in ("append", "overwrite"):
+        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    state = TableState.connect(uri, storage_options)
+    plan = FragmentsPlan(uri, list(fragments), schema, overwrite=mode == "overwrite")
+    return run_verb(
+        state,
+        plan,
+        _args(commit_message, properties, idempotency_key, expected_version),
+        VerbFlags(
+            replannable=mode == "overwrite", reusable=True, needs_table=False, owns_data=False
+        ),
+    )
+
+
+__all__ = [
+    "MergeInsertBuilder",
+    "Table",
+    "commit_fragments",
+    "connect",
+    "open",
+    "write_table",
+]

@@ -1,0 +1,196 @@
+"""Append and overwrite: pylance writes fragments under the table's ``data/``; we commit.
+
+A write plan consumes the user's data once. If the commit meets a retryable conflict
+(Overwrite racing Overwrite), the same fragments are committed again on the new
+version — data files do not depend on the version they were planned against.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from lancetx.commit.engine.operations import Append, Overwrite, Transaction
+from lancetx.commit.errors import ObjectNotFoundError
+from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.commit.format.schema import arrow_schema_to_fields
+from lancetx.committing import PlanContext, discard
+from lancetx.convert import to_fragment
+from lancetx.data import StreamGuard, check_append_schema, to_reader
+from lancetx.errors import ForeignFragmentError, SchemaMismatchError, UnsupportedInputError
+from lancetx.protos import table_pb2
+
+#: Parallel HEAD requests when checking fragments written elsewhere.
+CHECK_PARALLELISM = 16
+
+
+def _write_fragments(
+    ctx: PlanContext,
+    reader: pa.RecordBatchReader,
+    guard: StreamGuard,
+    *,
+    append: bool,
+    params: Mapping[str, Any],
+) -> tuple[table_pb2.DataFragment, ...]:
+    from lance.fragment import write_fragments
+
+    target: Any = ctx.dataset_to_write if append else ctx.state.conn.data_uri
+    try:
+        written = write_fragments(
+            reader,
+            target,
+            mode="append" if append else "overwrite",
+            storage_options=ctx.state.pylance_storage_options(),
+            **params,
+        )
+    except (ValueError, TypeError) as exc:
+        guard.raise_if_failed()  # the user's iterator failed first: that is the cause
+        if append:
+            raise SchemaMismatchError(ctx.uri, f"pylance refused the data ({exc})") from exc
+        raise
+    except OSError:
+        guard.raise_if_failed()
+        raise
+    fragments = tuple(to_fragment(ctx.uri, f) for f in written)
+    if guard.error is not None:
+        # The stream ended early because the user's iterator raised: pylance finished
+        # the files it had started, so we know every one of them — remove them all.
+        discard(ctx.store, fragment_files(ctx.state.conn.base, fragments))
+        guard.raise_if_failed()
+    return fragments
+
+
+def fragment_files(base: str, fragments: Sequence[table_pb2.DataFragment]) -> list[str]:
+    return [join(base, DATA_DIR, f.path) for frag in fragments for f in frag.files]
+
+
+class WritePlan:
+    """Append or overwrite ``data``; the data is written on the first call only."""
+
+    def __init__(
+        self, data: Any, *, overwrite: bool, schema: pa.Schema | None, params: Mapping[str, Any]
+    ) -> None:
+        self.data = data
+        self.overwrite = overwrite
+        self.schema = schema
+        self.params = dict(params)
+        self.fragments: tuple[table_pb2.DataFragment, ...] | None = None
+        self.arrow_schema: pa.Schema | None = None
+
+    def __call__(self, ctx: PlanContext) -> Transaction:
+        if self.fragments is None:
+            reader, guard = to_reader(ctx.uri, self.data, self.schema)
+            append = not self.overwrite and ctx.parent is not None
+            if append:
+                check_append_schema(ctx.uri, reader.schema, ctx.schema)
+            self.arrow_schema = reader.schema
+            self.fragments = _write_fragments(ctx, reader, guard, append=append, params=self.params)
+        assert self.arrow_schema is not None
+        if not self.overwrite and ctx.parent is not None:
+            # Also when the table appeared while we wrote (a lost creation race).
+            check_append_schema(ctx.uri, self.arrow_schema, ctx.schema)
+            return Transaction(
+                read_version=ctx.read_version, operation=Append(fragments=self.fragments)
+            )
+        return overwrite_transaction(ctx.read_version, self.fragments, self.arrow_schema)
+
+
+def overwrite_transaction(
+    read_version: int, fragments: Sequence[table_pb2.DataFragment], schema: pa.Schema
+) -> Transaction:
+    fields, metadata = arrow_schema_to_fields(schema)
+    return Transaction(
+        read_version=read_version,
+        operation=Overwrite(
+            fragments=tuple(fragments), schema=tuple(fields), schema_metadata=metadata
+        ),
+    )
+
+
+class FragmentsPlan:
+    """Commit fragments written elsewhere (Spark executors, ``write_fragments``) as one
+    Append — or Overwrite when the table is new or ``overwrite`` is set."""
+
+    def __init__(
+        self, uri: str, fragments: Sequence[object], schema: pa.Schema | None, *, overwrite: bool
+    ) -> None:
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise UnsupportedInputError(uri, schema, "schema= must be a pyarrow.Schema")
+        self.fragments = tuple(to_fragment(uri, f) for f in fragments)
+        self.schema = schema
+        self.overwrite = overwrite
+        self.checked = False
+
+    def __call__(self, ctx: PlanContext) -> Transaction:
+        if not self.checked:
+            check_in_data_dir(ctx, self.fragments)
+            self.checked = True
+        if ctx.parent is not None and not self.overwrite:
+            if self.schema is not None:
+                check_append_schema(ctx.uri, self.schema, ctx.schema)
+            fragments = tuple(_unassigned(f) for f in self.fragments)
+            return Transaction(read_version=ctx.read_version, operation=Append(fragments=fragments))
+        if self.schema is None:
+            raise SchemaMismatchError(
+                ctx.uri,
+                "creating or overwriting a table from fragments needs schema= (their Arrow schema)",
+            )
+        return overwrite_transaction(
+            ctx.read_version, tuple(_unassigned(f) for f in self.fragments), self.schema
+        )
+
+
+def _unassigned(fragment: table_pb2.DataFragment) -> table_pb2.DataFragment:
+    # Ids are assigned at commit (0 = unassigned), whatever the writer put there.
+    out = table_pb2.DataFragment()
+    out.CopyFrom(fragment)
+    out.id = 0
+    return out
+
+
+def check_in_data_dir(ctx: PlanContext, fragments: Sequence[table_pb2.DataFragment]) -> None:
+    """Refuse fragments whose files are not objects in this table's ``data/`` directory."""
+    base = ctx.state.conn.base
+    data_dir = ctx.store.uri(join(base, DATA_DIR)) + "/"
+    bad: list[str] = []
+    keys: list[tuple[str, str]] = []
+    for frag in fragments:
+        for f in frag.files:
+            path = f.path
+            normal = posixpath.normpath(path) if path else ""
+            if (
+                not path
+                or "://" in path
+                or path.startswith("/")
+                or normal.startswith("..")
+                or f.HasField("base_id")
+            ):
+                bad.append(path or "<empty path>")
+            else:
+                keys.append((path, join(base, DATA_DIR, normal)))
+    if not bad and keys:
+
+        def missing(item: tuple[str, str]) -> str | None:
+            try:
+                ctx.store.head(item[1])
+            except ObjectNotFoundError:
+                return item[0]
+            return None
+
+        with ThreadPoolExecutor(max_workers=min(CHECK_PARALLELISM, len(keys))) as pool:
+            bad = [p for p in pool.map(missing, keys) if p is not None]
+    if bad:
+        raise ForeignFragmentError(ctx.uri, data_dir, bad)
+
+
+__all__ = [
+    "FragmentsPlan",
+    "WritePlan",
+    "check_in_data_dir",
+    "fragment_files",
+    "overwrite_transaction",
+]

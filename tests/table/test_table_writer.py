@@ -1,0 +1,124 @@
+"""The streaming writer and streamed writes: nothing visible before commit, nothing
+left behind by an abort, a close without commit, or a failing iterator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import lance
+import pyarrow as pa
+import pytest
+from table_helpers import Api, WriterFacade, api_fixture, data_files, ddb_uri, ids, pylance_rows
+
+import lancetx
+from lancetx.externalstore.dynamodb import create_table
+from lancetx.externalstore.embedded import EmbeddedAws
+
+
+@pytest.fixture
+def options(aws: EmbeddedAws) -> dict[str, str]:
+    return aws.pylance_storage_options()
+
+
+@pytest.fixture
+def uri(aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> str:
+    create_table(boto3.client("dynamodb", **aws.client_kwargs()), ddb_table_name)
+    return ddb_uri(bucket, ddb_table_name)
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    yield from api_fixture(request)
+
+
+@pytest.fixture
+def table(api: Api, uri: str, options: dict[str, str]) -> Any:
+    return api.write_table(uri, ids(2), storage_options=options)
+
+
+def _writer(api: Api, table: Any, **kwargs: Any) -> WriterFacade:
+    return WriterFacade(api, table.writer(**kwargs))
+
+
+def _files(s3_client: Any, bucket: str) -> set[str]:
+    return data_files(s3_client, bucket, "t.lance/data/")
+
+
+def test_commit_writes_once_and_is_invisible_before(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    before = _files(s3_client, bucket)
+    with _writer(
+        api, table, commit_message="stream", properties={"k": "v"}, max_rows_per_file=3
+    ) as w:
+        for start in range(2, 10, 2):
+            w.write(ids(2, start=start).to_batches()[0])
+        assert lance.dataset(uri, storage_options=options).version == 1  # nothing visible yet
+        version = w.commit()
+    assert version == 2 == table.version
+    assert pylance_rows(uri, options, 2) == ids(10).to_pydict()
+    assert len(_files(s3_client, bucket) - before) == 3  # 8 rows, 3 per file: new paths only
+    info = api.history(table)[-1]
+    assert (info.operation, info.commit_message, info.properties) == (
+        "Append",
+        "stream",
+        {"k": "v"},
+    )
+    with pytest.raises(lancetx.WriterClosedError, match="committed"):
+        w.write(ids(1).to_batches()[0])
+
+
+def test_abort_removes_every_file(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    before = _files(s3_client, bucket)
+    w = _writer(api, table, max_rows_per_file=2)
+    for start in range(0, 8, 2):
+        w.write(ids(2, start=start))
+    w.abort()
+    assert _files(s3_client, bucket) == before
+    assert lance.dataset(uri, storage_options=options).version == 1
+
+
+def test_leaving_the_block_without_commit_aborts(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    before = _files(s3_client, bucket)
+    with _writer(api, table, max_rows_per_file=2) as w:
+        w.write(ids(5))
+    assert _files(s3_client, bucket) == before
+    assert lance.dataset(uri, storage_options=options).version == 1
+
+
+def test_an_exception_in_the_block_aborts(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    before = _files(s3_client, bucket)
+    with pytest.raises(RuntimeError, match="upstream failed"), _writer(api, table) as w:
+        w.write(ids(5))
+        raise RuntimeError("upstream failed")
+    with pytest.raises(lancetx.SchemaMismatchError), _writer(api, table) as w2:
+        w2.write(ids(1))
+        w2.write(pa.table({"other": [1]}))
+    assert _files(s3_client, bucket) == before
+    assert lance.dataset(uri, storage_options=options).version == 1
+
+
+def _failing(after: int) -> Iterator[pa.RecordBatch]:
+    for start in range(after):
+        yield ids(1, start=start).to_batches()[0]
+    raise ConnectionError("source went away")
+
+
+def test_an_iterator_error_leaves_no_manifest_and_no_file(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    before = _files(s3_client, bucket)
+    with pytest.raises(ConnectionError, match="source went away"):
+        api.run(table.append(_failing(5), max_rows_per_file=2))
+    with pytest.raises(ConnectionError, match="source went away"):
+        api.write_table(uri, _failing(3), mode="overwrite", storage_options=options)
+    assert _files(s3_client, bucket) == before
+    assert lance.dataset(uri, storage_options=options).version == 1
