@@ -670,6 +670,15 @@ def _validate(uri: str, ours: Transaction, current: Parent | None, options: Comm
             f"the transaction read version {ours.read_version}, but the latest version is {latest}; "
             "it was planned against another table or a version that does not exist",
         )
+    if isinstance(ours.operation, Rewrite) and ours.operation.frag_reuse_index is not None:
+        # The builder works from the protobuf, which has no place for this index
+        # (Lance does not serialize it either): committing would drop it silently.
+        raise InvalidCommitError(
+            uri,
+            "the Rewrite carries a fragment reuse index (a compaction with deferred index "
+            "remap), which lancetx cannot commit yet; compact without defer_index_remap "
+            "(lancetx.Table.compact does), then rebuild or optimize the indices",
+        )
     if current is not None:
         check_writer_flags(current.manifest.manifest, current.location.key)
     if options.expected_version is not None and options.expected_version != latest:

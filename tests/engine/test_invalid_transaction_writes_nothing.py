@@ -13,7 +13,15 @@ import pytest
 from engine_helpers import EngineTable, delete_transaction, make_table
 
 from lancetx.commit.engine.builder import InvalidTransactionError
-from lancetx.commit.engine.operations import Delete, Transaction, Update
+from lancetx.commit.engine.operations import (
+    FRAG_REUSE_INDEX_NAME,
+    Delete,
+    Rewrite,
+    RewriteGroup,
+    Transaction,
+    Update,
+)
+from lancetx.commit.errors import InvalidCommitError
 from lancetx.protos import table_pb2
 
 
@@ -63,4 +71,25 @@ def test_strict_commit_that_learns_the_table_moved_by_losing_writes_no_file(
     before = _everything(table)
     with pytest.raises(ExpectedVersionMismatchError):
         table.commit(ours, parent=read, options=CommitOptions(expected_version=2))
+    assert _everything(table) == before
+
+
+def test_rewrite_carrying_a_fragment_reuse_index_is_refused_not_dropped(
+    table: EngineTable,
+) -> None:
+    """The index lives only in memory (the protobuf has no field for it), so a
+    commit would silently lose it: refused before anything is written."""
+    latest = table.latest()
+    old = latest.manifest.manifest.fragments[0]
+    new = table_pb2.DataFragment()
+    new.CopyFrom(old)
+    new.id = 0
+    index = table_pb2.IndexMetadata(name=FRAG_REUSE_INDEX_NAME)
+    operation = Rewrite(
+        groups=(RewriteGroup(old_fragments=(old,), new_fragments=(new,)),),
+        frag_reuse_index=index,
+    )
+    before = _everything(table)
+    with pytest.raises(InvalidCommitError, match="fragment reuse index"):
+        table.commit(Transaction(read_version=latest.version, operation=operation))
     assert _everything(table) == before
