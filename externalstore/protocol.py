@@ -14,8 +14,8 @@ versions read from before that (found by HEAD, then recorded so that no claim
 can overwrite them), and listing such versions — so the handlers in
 :mod:`lancetx.externalstore.commit_handler` only build steps and drive them.
 
-Invariants the steps keep (each one closes a failure seen in a peer system,
-see ``shared/reference/peer-systems.md`` §5):
+Invariants the steps keep (each one closes a failure seen in a peer system:
+Lance's own DynamoDB handler, Delta's S3 multi-cluster log store, Iceberg's catalogs):
 
 * The conditional insert is the only point where a version is claimed.
 * A staged manifest is deleted only when it provably cannot be committed (the
