@@ -15,7 +15,7 @@ can overwrite them), and listing such versions — so the handlers in
 :mod:`lancetx.externalstore.commit_handler` only build steps and drive them.
 
 Invariants the steps keep (each one closes a failure seen in a peer system:
-Lance's own DynamoDB handler, Delta's S3 multi-cluster log store, Iceberg's catalogs):
+Lance's own DynamoDB handler, Delta Lake's and delta-rs's S3 + DynamoDB log stores):
 
 * The conditional insert is the only point where a version is claimed.
 * A staged manifest is deleted only when it provably cannot be committed (the

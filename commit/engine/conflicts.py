@@ -3,7 +3,7 @@
 For the transaction being committed (*ours*, planned against ``read_version``)
 and each transaction committed after that version (*theirs*), :func:`classify`
 gives one of four outcomes, exactly as the compatibility lists of the Lance
-transaction spec (Lance's ``docs/format/table/transaction.md``) say:
+transaction specification of the Lance table format say:
 
 * ``COMPATIBLE`` -- ours applies on top of theirs unchanged;
 * ``REBASE`` -- ours must be adjusted first (see :class:`RebaseNeeded`);
