@@ -46,7 +46,7 @@ from lancetx.commit.format.listing import (
     newest_location,
     versions_prefix,
 )
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import (
     VERSIONS_DIR,
     NamingScheme,
@@ -264,6 +264,7 @@ def commit_steps(
     *,
     token: str | None = None,
     committer: str = COMMITTER,
+    summary: TransactionSummary | None = None,
 ) -> Steps[CommitOutcome]:
     """Claim ``version`` for ``manifest`` (already encoding that version).
 
@@ -271,9 +272,10 @@ def commit_steps(
     writer holds the version, CommitStateUnknownError when the claim's outcome
     cannot be determined. Once the claim is won, failures while finalizing are
     logged, not raised: the version is committed and any reader completes it.
+    ``summary`` (the transaction in brief) is stored in the entry with the claim.
     """
     staged = yield from stage_steps(
-        table, version, scheme, manifest, token=token, committer=committer
+        table, version, scheme, manifest, token=token, committer=committer, summary=summary
     )
     entry = staged.entry
     yield from _claim(table, entry, staged.final_key, manifest)
@@ -309,6 +311,7 @@ def stage_steps(
     *,
     token: str | None = None,
     committer: str = COMMITTER,
+    summary: TransactionSummary | None = None,
 ) -> Steps[Staged]:
     """Step 1: write ``manifest`` under ``_versions/{name}-{token}``; nothing is claimed."""
     token = token or str(uuidlib.uuid4())
@@ -321,6 +324,7 @@ def stage_steps(
         size=len(manifest),
         committer=committer,
         commit_token=token,
+        summary=summary,
     )
     return Staged(table, entry, manifest, manifest_key(table.base_key, version, scheme), meta.etag)
 
@@ -848,6 +852,7 @@ def _location(entry: ManifestEntry, scheme: NamingScheme) -> ManifestLocation:
         scheme=scheme,
         size=entry.size,
         alternate_key=alternate,
+        summary=entry.summary,
     )
 
 

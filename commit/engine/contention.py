@@ -86,7 +86,7 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost", "level", "slot")
+    __slots__ = ("last_lost", "level", "slot", "turn_interval")
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
@@ -95,10 +95,26 @@ class TableContention:
         #: Lost rounds per commit lately (moving average): where the next
         #: commit's backoff starts, instead of learning the contention again.
         self.level = 0.0
+        #: Seconds per turn of the table's commit queue lately (moving average).
+        self.turn_interval = 0.0
 
     def lost(self, now: float, slot: float) -> None:
         self.last_lost = now
         self.slot = slot
+
+    def queued(self, now: float) -> None:
+        """Others were waiting in the commit queue when we joined it: the table
+        is contended even though, thanks to the queue, nobody lost a round."""
+        self.last_lost = now
+
+    def turns_served(self, turns: int, seconds: float) -> None:
+        """``turns`` tickets were served in ``seconds``."""
+        if turns <= 0:
+            return
+        measured = seconds / turns
+        self.turn_interval = (
+            measured if self.turn_interval == 0.0 else 0.5 * self.turn_interval + 0.5 * measured
+        )
 
     def committed(self, losses: int) -> None:
         self.level = 0.5 * self.level + 0.5 * losses
@@ -121,6 +137,35 @@ def yield_delay(
     return float((rng or random).uniform(0, span * policy.jitter))
 
 
+# ------------------------------------------------------------------ commit queue
+
+
+#: A turn's length before anything was measured (seconds).
+DEFAULT_TURN = 0.05
+#: Turns without progress after which a waiter stops waiting for the ticket ahead.
+STALL_TURNS = 8
+#: ...but never sooner than this (seconds): a live holder may be slow for a while.
+MIN_STALL = 1.0
+
+
+def turn_length(contended: TableContention) -> float:
+    """How long one writer's turn lasts on this table, as measured."""
+    return contended.turn_interval or contended.slot or DEFAULT_TURN
+
+
+def turn_wait(policy: RetryPolicy, contended: TableContention, ahead: int) -> float:
+    """The wait before looking at the queue again with ``ahead`` tickets before ours:
+    until the turn before ours has begun, then about three looks per turn — each
+    look is one small read, and a late look leaves the table idle."""
+    return float(min(policy.max_delay, max(0.3, ahead - 0.7) * turn_length(contended)))
+
+
+def stall_limit(contended: TableContention) -> float:
+    """How long the queue may stand still before a waiter goes anyway (its holder
+    may have died; serving ours then moves the mark past its ticket)."""
+    return max(MIN_STALL, STALL_TURNS * turn_length(contended))
+
+
 _tables: dict[str, TableContention] = {}
 _tables_lock = threading.Lock()
 
@@ -136,11 +181,17 @@ def table_contention(table_uri: str) -> TableContention:
 
 __all__ = [
     "CONTENDED_FOR",
+    "DEFAULT_TURN",
     "FIRST_WINDOW_SLOTS",
     "LEVEL_CAP",
+    "MIN_STALL",
+    "STALL_TURNS",
     "TableContention",
     "delay",
+    "stall_limit",
     "table_contention",
+    "turn_length",
+    "turn_wait",
     "window",
     "yield_delay",
 ]
