@@ -55,7 +55,8 @@ from lancetx.externalstore.protocol import (
     Steps,
     StoreInfo,
     Table,
-    commit_steps,
+    claim_steps,
+    finish_steps,
     list_versions_steps,
     onboard_steps,
     resolve_latest_steps,
@@ -158,6 +159,8 @@ class ExternalStoreCommitHandler(CommitHandler):
     inside the bucket, see :mod:`lancetx.externalstore.uri`).
     """
 
+    serves_ticket_on_claim = True
+
     def __init__(
         self, store: ObjectStore, entries: ExternalManifestStore, *, committer: str = COMMITTER
     ) -> None:
@@ -215,14 +218,21 @@ class ExternalStoreCommitHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
-        """The four-step commit of ``version``; see :func:`protocol.commit_steps`."""
-        outcome = self._run(
-            commit_steps(
-                _table(base), version, scheme, manifest, committer=self.committer, summary=summary
+        """The four-step commit of ``version``; see :func:`protocol.commit_steps`.
+        ``ticket`` is served between the claim and the copy: the next writer in
+        the queue starts while this one finishes."""
+        table = _table(base)
+        staged = self._run(
+            claim_steps(
+                table, version, scheme, manifest, committer=self.committer, summary=summary
             ),
             base,
         )
+        if ticket is not None:
+            self.end_turn(base, ticket)
+        outcome = self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
 
@@ -269,6 +279,8 @@ class ExternalStoreCommitHandler(CommitHandler):
 class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
     """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3): the same
     steps, driven by :func:`~lancetx.externalstore.protocol.run_async`."""
+
+    serves_ticket_on_claim = True
 
     def __init__(
         self,
@@ -327,14 +339,19 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
-        outcome = await self._run(
-            commit_steps(
-                _table(base), version, scheme, manifest, committer=self.committer, summary=summary
+        table = _table(base)
+        staged = await self._run(
+            claim_steps(
+                table, version, scheme, manifest, committer=self.committer, summary=summary
             ),
             base,
         )
+        if ticket is not None:
+            await self.end_turn(base, ticket)
+        outcome = await self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
 

@@ -122,6 +122,7 @@ class _StagingHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         staged = run(
             stage_steps(

@@ -274,11 +274,34 @@ def commit_steps(
     logged, not raised: the version is committed and any reader completes it.
     ``summary`` (the transaction in brief) is stored in the entry with the claim.
     """
+    staged = yield from claim_steps(
+        table, version, scheme, manifest, token=token, committer=committer, summary=summary
+    )
+    return (yield from finish_steps(staged, scheme))
+
+
+def claim_steps(
+    table: Table,
+    version: int,
+    scheme: NamingScheme,
+    manifest: bytes,
+    *,
+    token: str | None = None,
+    committer: str = COMMITTER,
+    summary: TransactionSummary | None = None,
+) -> Steps[Staged]:
+    """Steps 1 and 2 of :func:`commit_steps`: stage, then claim. Once this
+    returns, the version is ours; :func:`finish_steps` completes it."""
     staged = yield from stage_steps(
         table, version, scheme, manifest, token=token, committer=committer, summary=summary
     )
-    entry = staged.entry
-    yield from _claim(table, entry, staged.final_key, manifest)
+    yield from _claim(table, staged.entry, staged.final_key, staged.manifest)
+    return staged
+
+
+def finish_steps(staged: Staged, scheme: NamingScheme) -> Steps[CommitOutcome]:
+    """Steps 3 and 4 of :func:`commit_steps` for a won claim: copy, flip, clean up."""
+    table, entry, version = staged.table, staged.entry, staged.entry.version
     try:
         finalized = yield from finalize_steps(table, entry, staged_etag=staged.etag)
     except LancetxError as exc:

@@ -471,6 +471,7 @@ def _attempts(
     started = began
     contended = contention.table_contention(uri)
     expected_contention = False
+    still_contended = False
 
     def event(outcome: EventOutcome, version: int | None) -> None:
         notify(
@@ -525,6 +526,7 @@ def _attempts(
             if newer:
                 pending = newer
                 current = _newest_parent(newer)
+                still_contended = True
         if pending and current is not None:
             # 1. Judge ours against what was committed since: is it ours already?
             mine = next((p for p in pending if _is_ours(ours, p.transaction)), None)
@@ -593,7 +595,7 @@ def _attempts(
         # 3. Claim.
         try:
             location: ManifestLocation = yield ClaimVersion(
-                base, next_version, data, scheme, _summary(ours)
+                base, next_version, data, scheme, _summary(ours), turn.ticket
             )
         except CommitStateUnknownError as unknown:
             event("unknown", next_version)
@@ -623,6 +625,7 @@ def _attempts(
                 raise ExpectedVersionMismatchError(uri, options.expected_version, latest) from None
             slot = time.perf_counter() - started
             contended.lost(time.monotonic(), slot)
+            still_contended = True
             log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             stale_parent = attempt == 1 and not expected_contention
             if not stale_parent and (yield from _join_queue(base, turn, contended)):
@@ -663,6 +666,7 @@ def _attempts(
             losses += 1
             yield Sleep(contention.delay(policy, losses, slot))
             continue
+        turn.ticket = None  # served with the won claim
         manifest = ManifestFile(
             manifest=built.manifest,
             indices=indices,
@@ -672,6 +676,10 @@ def _attempts(
             size=len(data),
         )
         contended.committed(attempt - 1)
+        if still_contended:
+            # Others committed while we waited or tried: the next commit of this
+            # process should expect them too (and queue), however long this took.
+            contended.queued(time.monotonic())
         event("rebased" if rebased_any else "won", next_version)
         log.info(
             "%s: committed version %d (%s) in %d attempt(s), %.3f s%s",

@@ -123,6 +123,9 @@ class ClaimVersion:
     manifest: bytes
     scheme: NamingScheme
     summary: TransactionSummary | None = None
+    #: Our commit-queue ticket, served once the claim is won (by the handler
+    #: before it finishes the commit when it can, else by the driver after it).
+    ticket: int | None = None
 
 
 @dataclass(frozen=True)
@@ -304,8 +307,11 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return handler.list_versions(base, since)
             case ReadManifest(base, location):
                 return handler.read_manifest(base, location)
-            case ClaimVersion(base, version, manifest, scheme, summary):
-                return handler.commit(base, version, manifest, scheme, summary)
+            case ClaimVersion(base, version, manifest, scheme, summary, ticket):
+                location = handler.commit(base, version, manifest, scheme, summary, ticket)
+                if ticket is not None and not handler.serves_ticket_on_claim:
+                    handler.end_turn(base, ticket)
+                return location
             case TakeTicket(base):
                 return handler.take_ticket(base)
             case ReadTurns(base):
@@ -345,6 +351,15 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
         last = result if isinstance(result, _Outcome) else _Outcome(result)
 
 
+async def _claim_async(handler: AsyncCommitHandler, effect: ClaimVersion) -> ManifestLocation:
+    location = await handler.commit(
+        effect.base, effect.version, effect.manifest, effect.scheme, effect.summary, effect.ticket
+    )
+    if effect.ticket is not None and not handler.serves_ticket_on_claim:
+        await handler.end_turn(effect.base, effect.ticket)
+    return location
+
+
 async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
     """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
     store = handler.store
@@ -358,7 +373,7 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ResolveVersion: lambda e: handler.resolve_version(e.base, e.version),
         ListVersions: lambda e: handler.list_versions(e.base, e.since),
         ReadManifest: lambda e: handler.read_manifest(e.base, e.location),
-        ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme, e.summary),
+        ClaimVersion: lambda e: _claim_async(handler, e),
         TakeTicket: lambda e: handler.take_ticket(e.base),
         ReadTurns: lambda e: handler.read_turns(e.base),
         EndTurn: lambda e: handler.end_turn(e.base, e.ticket),

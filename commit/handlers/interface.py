@@ -79,6 +79,8 @@ class CommitHandler(abc.ABC):
     """
 
     store: ObjectStore
+    #: Whether :meth:`commit` serves the ``ticket`` it is given (once the claim is won).
+    serves_ticket_on_claim: bool = False
 
     @abc.abstractmethod
     def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -100,13 +102,17 @@ class CommitHandler(abc.ABC):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """Make ``manifest`` (already encoding ``version``) the manifest of
         ``version``, atomically. Raises VersionAlreadyExistsError if another
         writer holds ``version``; CommitStateUnknownError if that cannot be told.
         ``summary`` is the transaction in brief; a handler whose store can keep
         it next to the claim does (later :meth:`list_versions` return it), so
-        concurrent writers can often judge conflicts without reading manifests."""
+        concurrent writers can often judge conflicts without reading manifests.
+        ``ticket`` is the caller's ticket in the table's commit queue: a handler
+        with a queue serves it as soon as the claim is won, before finishing the
+        commit, so the next writer in line can start (see :meth:`take_ticket`)."""
 
     def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
         """The manifest at ``location`` (one this handler resolved). A handler that
@@ -144,6 +150,8 @@ class AsyncCommitHandler(abc.ABC):
     """
 
     store: AsyncObjectStore
+    #: See :attr:`CommitHandler.serves_ticket_on_claim`.
+    serves_ticket_on_claim: bool = False
 
     @abc.abstractmethod
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -165,6 +173,7 @@ class AsyncCommitHandler(abc.ABC):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`CommitHandler.commit`."""
 
