@@ -354,6 +354,8 @@ class _Turn:
     served: int = 0
     #: The handler keeps no queue (or refused to): back off at random instead.
     unavailable: bool = False
+    #: When our turn came (monotonic clock), once it did.
+    turn_began: float | None = None
 
 
 def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
@@ -378,11 +380,14 @@ def _wait_for_turn(
     """Wait until every ticket before ours was served (or the queue stalls)."""
     assert turn.ticket is not None
     last_served, last_change = turn.served, time.monotonic()
+    began, ahead = last_change, turn.ticket - turn.served - 1
+    if ahead > 0:
+        log.debug("%s: ticket %d, %d ahead in the commit queue", base, turn.ticket, ahead)
     while turn.ticket - turn.served - 1 > 0:
         yield Sleep(contention.turn_wait(policy, contended, turn.ticket - turn.served - 1))
         turns: Turns | None = yield ReadTurns(base)
         if turns is None:
-            return
+            break
         now = time.monotonic()
         if turns.served > last_served:
             contended.turns_served(turns.served - last_served, now - last_change)
@@ -398,8 +403,17 @@ def _wait_for_turn(
                 turn.ticket,
             )
             turn.served = turns.served
-            return
+            break
         turn.served = turns.served
+    turn.turn_began = time.monotonic()
+    if ahead > 0:
+        log.debug(
+            "%s: ticket %d's turn after %.3f s (%d ahead)",
+            base,
+            turn.ticket,
+            time.monotonic() - began,
+            ahead,
+        )
 
 
 def _write_transaction(
@@ -626,6 +640,7 @@ def _attempts(
             slot = time.perf_counter() - started
             contended.lost(time.monotonic(), slot)
             still_contended = True
+            turn.turn_began = None  # a lost turn is not a measure of a turn's work
             log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             stale_parent = attempt == 1 and not expected_contention
             if not stale_parent and (yield from _join_queue(base, turn, contended)):
@@ -666,6 +681,8 @@ def _attempts(
             losses += 1
             yield Sleep(contention.delay(policy, losses, slot))
             continue
+        if turn.ticket is not None and turn.turn_began is not None:
+            contended.worked(time.monotonic() - turn.turn_began)
         turn.ticket = None  # served with the won claim
         manifest = ManifestFile(
             manifest=built.manifest,

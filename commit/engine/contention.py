@@ -101,7 +101,7 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost", "level", "slot", "turn_interval")
+    __slots__ = ("last_lost", "level", "slot", "turn_interval", "turn_work")
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
@@ -112,6 +112,9 @@ class TableContention:
         self.level = 0.0
         #: Seconds per turn of the table's commit queue lately (moving average).
         self.turn_interval = 0.0
+        #: Seconds from our turn to our won claim lately (moving average): how
+        #: long the writer before us needs once its turn has come.
+        self.turn_work = 0.0
 
     def lost(self, now: float, slot: float) -> None:
         self.last_lost = now
@@ -121,6 +124,10 @@ class TableContention:
         """Others were waiting in the commit queue when we joined it: the table
         is contended even though, thanks to the queue, nobody lost a round."""
         self.last_lost = now
+
+    def worked(self, seconds: float) -> None:
+        """Our turn came and our claim was won ``seconds`` later."""
+        self.turn_work = seconds if self.turn_work == 0.0 else 0.5 * self.turn_work + 0.5 * seconds
 
     def turns_served(self, turns: int, seconds: float) -> None:
         """``turns`` tickets were served in ``seconds``."""
@@ -169,10 +176,19 @@ def turn_length(contended: TableContention) -> float:
 
 
 def turn_wait(policy: RetryPolicy, contended: TableContention, ahead: int) -> float:
-    """The wait before looking at the queue again with ``ahead`` tickets before ours:
-    until the turn before ours has begun, then about three looks per turn — each
-    look is one small read, and a late look leaves the table idle."""
-    return float(min(policy.max_delay, max(0.3, ahead - 0.7) * turn_length(contended)))
+    """The wait before looking at the queue again with ``ahead`` tickets before ours.
+
+    Both are measured in *work*: how long a turn takes from its start to the
+    won claim (our own turns, measured), not the observed time between turns —
+    that includes the idle gaps of late looks, and sleeping by it would make
+    every gap longer than the last. Far back: until the turn before ours would
+    begin if every turn were pure work (early rather than late: an early look
+    costs one small read, a late one leaves the table idle). Next in line: a
+    third of a turn, so the table idles a sixth of a turn between two on average."""
+    work = contended.turn_work or turn_length(contended)
+    if ahead > 1:
+        return float(min(policy.max_delay, (ahead - 1) * work))
+    return float(min(policy.max_delay, work / 3))
 
 
 def stall_limit(contended: TableContention) -> float:
