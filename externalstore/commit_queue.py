@@ -26,7 +26,8 @@ Invariants:
 * Uncontended commits never touch the queue.
 
 Item: ``base_uri`` = the table's ``base_uri`` + :data:`QUEUE_SUFFIX`,
-``version`` = 0, attributes ``issued`` (N) and ``served`` (N). Lance and
+``version`` = 0, attributes ``issued`` (N), ``served`` (N) and
+``served_version`` (N: the version the holder of ticket ``served`` claimed). Lance and
 pylance only query their table's own ``base_uri``, so they never see it.
 Needs ``dynamodb:UpdateItem`` (and ``GetItem``); without it the handler stops
 queueing and falls back to random backoff (see
@@ -53,11 +54,13 @@ from lancetx.externalstore.dynamodb import (
 QUEUE_SUFFIX = "#lancetx-commit-queue"
 ISSUED = "issued"
 SERVED = "served"
+SERVED_VERSION = "served_version"
 
 __all__ = [
     "ISSUED",
     "QUEUE_SUFFIX",
     "SERVED",
+    "SERVED_VERSION",
     "end_turn_plan",
     "is_queue_key",
     "read_turns_plan",
@@ -81,7 +84,9 @@ def _turns(item: Mapping[str, Any] | None) -> Turns:
             return int(value["N"])
         return 0
 
-    return Turns(issued=number(ISSUED), served=number(SERVED))
+    return Turns(
+        issued=number(ISSUED), served=number(SERVED), served_version=number(SERVED_VERSION)
+    )
 
 
 def take_ticket_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
@@ -107,15 +112,25 @@ def read_turns_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
     return _turns(response.get("Item"))
 
 
-def end_turn_plan(ctx: PlanContext, base_uri: str, ticket: int) -> Plan[None]:
-    """One UpdateItem raising ``served`` to ``ticket`` (never lowering it)."""
+def end_turn_plan(
+    ctx: PlanContext, base_uri: str, ticket: int, version: int | None = None
+) -> Plan[None]:
+    """One UpdateItem raising ``served`` to ``ticket`` (never lowering it), with the
+    version its holder claimed, if it did (the next holder watches for a newer one)."""
+    names = {"#served": SERVED}
+    values: dict[str, Any] = {":ticket": {"N": str(int(ticket))}}
+    update = "SET #served = :ticket"
+    if version is not None:
+        names["#served_version"] = SERVED_VERSION
+        values[":version"] = {"N": str(int(version))}
+        update += ", #served_version = :version"
     params = {
         "TableName": ctx.table,
         "Key": _key(base_uri),
-        "UpdateExpression": "SET #served = :ticket",
+        "UpdateExpression": update,
         "ConditionExpression": "attribute_not_exists(#served) OR #served < :ticket",
-        "ExpressionAttributeNames": {"#served": SERVED},
-        "ExpressionAttributeValues": {":ticket": {"N": str(int(ticket))}},
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
     }
     # A condition failure means a later ticket was served already: nothing to do.
     with contextlib.suppress(_ConditionFailed):

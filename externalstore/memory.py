@@ -82,7 +82,7 @@ class MemoryManifestStore(ExternalManifestStore):
         self.name = name
         self._lock = threading.RLock()
         self._tables: dict[str, dict[int, ManifestEntry]] = {}
-        #: Commit queues: base_uri -> [issued, served].
+        #: Commit queues: base_uri -> [issued, served, served_version].
         self._queues: dict[str, list[int]] = {}
         self._faults: dict[str, collections.deque[_Fault]] = collections.defaultdict(
             collections.deque
@@ -255,21 +255,23 @@ class MemoryManifestStore(ExternalManifestStore):
     def take_ticket(self, base_uri: str) -> Turns:
         self._begin("take_ticket")
         with self._lock:
-            queue = self._queues.setdefault(base_uri, [0, 0])
+            queue = self._queues.setdefault(base_uri, [0, 0, 0])
             queue[0] += 1
-            return Turns(issued=queue[0], served=queue[1])
+            return Turns(issued=queue[0], served=queue[1], served_version=queue[2])
 
     def read_turns(self, base_uri: str) -> Turns:
         self._begin("read_turns")
         with self._lock:
-            issued, served = self._queues.get(base_uri, [0, 0])
-            return Turns(issued=issued, served=served)
+            issued, served, version = self._queues.get(base_uri, [0, 0, 0])
+            return Turns(issued=issued, served=served, served_version=version)
 
-    def end_turn(self, base_uri: str, ticket: int) -> None:
+    def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
         self._begin("end_turn")
         with self._lock:
-            queue = self._queues.setdefault(base_uri, [0, 0])
-            queue[1] = max(queue[1], ticket)
+            queue = self._queues.setdefault(base_uri, [0, 0, 0])
+            if ticket > queue[1]:
+                queue[1] = ticket
+                queue[2] = max(queue[2], version or 0)
 
     def as_async(self) -> AsyncMemoryManifestStore:
         """An asyncio view sharing this store's state and faults."""
@@ -313,5 +315,5 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
     async def read_turns(self, base_uri: str) -> Turns:
         return self.store.read_turns(base_uri)
 
-    async def end_turn(self, base_uri: str, ticket: int) -> None:
-        self.store.end_turn(base_uri, ticket)
+    async def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
+        self.store.end_turn(base_uri, ticket, version)

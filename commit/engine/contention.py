@@ -185,10 +185,23 @@ def turn_wait(policy: RetryPolicy, contended: TableContention, ahead: int) -> fl
     begin if every turn were pure work (early rather than late: an early look
     costs one small read, a late one leaves the table idle). Next in line: a
     third of a turn, so the table idles a sixth of a turn between two on average."""
-    work = contended.turn_work or turn_length(contended)
+    work = turn_work(contended)
     if ahead > 1:
-        return float(min(policy.max_delay, (ahead - 1) * work))
+        return float(min(policy.max_delay, 0.8 * (ahead - 1) * work))
     return float(min(policy.max_delay, work / 3))
+
+
+def turn_work(contended: TableContention) -> float:
+    """A turn's work as measured; the smaller of our own turns' work and the
+    observed time between turns when both are known, so that one slow turn
+    (a busy machine, a slow request) does not make every waiter oversleep."""
+    work = contended.turn_work
+    observed = contended.turn_interval
+    if work and observed:
+        return min(work, observed)
+    # Not the slot of a lost attempt: attempts that collide are slow, and a
+    # waiter sleeping by one would oversleep its turn by many.
+    return work or observed or DEFAULT_TURN
 
 
 def stall_limit(contended: TableContention) -> float:
@@ -223,6 +236,7 @@ __all__ = [
     "table_contention",
     "turn_length",
     "turn_wait",
+    "turn_work",
     "window",
     "yield_delay",
 ]
