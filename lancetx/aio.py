@@ -143,7 +143,9 @@ async def _drive(
         send, error = None, None
         try:
             if isinstance(effect, FindKey):
-                send = await asyncio.to_thread(state.find_idempotency_key, effect.key)
+                send = await asyncio.to_thread(
+                    state.find_idempotency_key, effect.key, since=effect.since
+                )
             elif isinstance(effect, LoadLatest):
                 send = await _load_latest(state, handler)
             elif isinstance(effect, RunPlan):

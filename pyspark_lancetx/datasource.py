@@ -35,6 +35,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from lancetx.errors import ColumnMismatchError
+from lancetx.verbs.field_ids import match_columns
 from pyspark_lancetx.commit import JobCommit, commit_job
 from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError
 from pyspark_lancetx.filters import conjunction, translate
@@ -42,7 +44,6 @@ from pyspark_lancetx.options import ReadOptions, WriteOptions
 from pyspark_lancetx.schema import (
     conform_read_batch,
     lance_fields,
-    match_table,
     read_spark_schema,
     spark_arrow_schema,
     write_schema,
@@ -96,13 +97,15 @@ def _table_state(
     manifest = parent.manifest.manifest
     if not overwrite:
         # Types only: null counts are known once the tasks ran (the commit checks them).
-        match_table(
-            options.uri,
-            lance_fields(schema),
-            list(manifest.fields),
-            merge_schema=options.merge_schema,
-            null_counts={},
-        )
+        try:
+            match_columns(
+                options.uri,
+                lance_fields(schema),
+                list(manifest.fields),
+                merge_schema=options.merge_schema,
+            )
+        except ColumnMismatchError as exc:
+            raise SparkSchemaError(options.uri, exc.column, exc.problem) from None
     storage = manifest.data_format.version or None
     if overwrite and options.data_storage_version is not None:
         storage = options.data_storage_version
@@ -219,7 +222,6 @@ class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             job_id=stream_id,
             mode="overwrite" if self.overwrite else "append",
             scan_from=0,
-            scan_history=True,
             merge_schema=self.options.merge_schema,
             commit_message=self.options.commit_message,
             properties=self.options.properties,
@@ -446,7 +448,6 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             job_id=options.job_id,
             mode="overwrite" if overwrite else "append",
             scan_from=0 if options.job_id_given else state.version,
-            scan_history=options.job_id_given,
             merge_schema=options.merge_schema,
             commit_message=options.commit_message,
             properties=options.properties,
