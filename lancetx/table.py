@@ -29,7 +29,7 @@ from lancetx.verbs.maintenance import (
 )
 from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
 from lancetx.verbs.rows import plan_delete, plan_update
-from lancetx.verbs.writing import FragmentsPlan, WritePlan
+from lancetx.verbs.writing import WritePlan, fragments_verb
 
 R = TypeVar("R")
 
@@ -632,40 +632,22 @@ def commit_fragments(
     versions known not to hold it. ``commit_timeout`` bounds how long lost races are
     retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
     call again with the same key to settle it."""
-    from lancetx.commit.engine.retry import RetryPolicy
-
-    if mode not in ("append", "overwrite"):
-        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
-    state = TableState.connect(uri, storage_options)
-    plan = FragmentsPlan(
+    verb = fragments_verb(
         uri,
-        list(fragments),
-        schema,
-        overwrite=mode == "overwrite",
+        fragments,
+        schema=schema,
+        mode=mode,
+        commit_message=commit_message,
+        properties=properties,
+        idempotency_key=idempotency_key,
+        expected_version=expected_version,
         fresh_field_ids=fresh_field_ids,
         merge_schema=merge_schema,
         null_counts=null_counts,
-    )
-    args = CommitArgs(
-        commit_message,
-        properties,
-        idempotency_key,
-        expected_version,
         idempotency_since=idempotency_since,
-        retry=RetryPolicy(max_elapsed=commit_timeout) if commit_timeout is not None else None,
+        commit_timeout=commit_timeout,
     )
-    return run_verb(
-        state,
-        plan,
-        args,
-        VerbFlags(
-            # A Merge lists every fragment: a concurrent append forces a new plan.
-            replannable=mode == "overwrite" or merge_schema,
-            reusable=True,
-            needs_table=False,
-            owns_data=False,
-        ),
-    )
+    return run_verb(TableState.connect(uri, storage_options), *verb)
 
 
 __all__ = [

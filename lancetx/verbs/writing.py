@@ -8,7 +8,7 @@ version — data files do not depend on the version they were planned against.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +18,7 @@ from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transacti
 from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.format.schema import arrow_schema_to_fields
-from lancetx.committing import PlanContext, discard
+from lancetx.committing import CommitArgs, PlanContext, VerbFlags, discard
 from lancetx.convert import to_fragment
 from lancetx.data import StreamGuard, check_append_schema, to_reader
 from lancetx.errors import ForeignFragmentError, SchemaMismatchError, UnsupportedInputError
@@ -201,6 +201,54 @@ class FragmentsPlan:
         )
 
 
+def fragments_verb(
+    uri: str,
+    fragments: Iterable[object],
+    *,
+    schema: pa.Schema | None,
+    mode: str,
+    commit_message: str | None,
+    properties: Mapping[str, str] | None,
+    idempotency_key: str | None,
+    expected_version: int | None,
+    fresh_field_ids: bool,
+    merge_schema: bool,
+    null_counts: Mapping[str, int] | None,
+    idempotency_since: int,
+    commit_timeout: float | None,
+) -> tuple[FragmentsPlan, CommitArgs, VerbFlags]:
+    """The plan, arguments and flags of ``commit_fragments`` (sync and async alike)."""
+    from lancetx.commit.engine.retry import RetryPolicy
+
+    if mode not in ("append", "overwrite"):
+        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    plan = FragmentsPlan(
+        uri,
+        list(fragments),
+        schema,
+        overwrite=mode == "overwrite",
+        fresh_field_ids=fresh_field_ids,
+        merge_schema=merge_schema,
+        null_counts=null_counts,
+    )
+    args = CommitArgs(
+        commit_message,
+        properties,
+        idempotency_key,
+        expected_version,
+        idempotency_since=idempotency_since,
+        retry=RetryPolicy(max_elapsed=commit_timeout) if commit_timeout is not None else None,
+    )
+    flags = VerbFlags(
+        # A Merge lists every fragment: a concurrent append forces a new plan.
+        replannable=mode == "overwrite" or merge_schema,
+        reusable=True,
+        needs_table=False,
+        owns_data=False,
+    )
+    return plan, args, flags
+
+
 def _unassigned(fragment: table_pb2.DataFragment) -> table_pb2.DataFragment:
     # Ids are assigned at commit (0 = unassigned), whatever the writer put there.
     out = table_pb2.DataFragment()
@@ -249,5 +297,6 @@ __all__ = [
     "WritePlan",
     "check_in_data_dir",
     "fragment_files",
+    "fragments_verb",
     "overwrite_transaction",
 ]
