@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,29 @@ log = logging.getLogger(__name__)
 
 #: Spark's local property naming the running streaming query (stable across restarts).
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+#: Fault injection for tests: with this Spark local property set to ``"true"`` on the
+#: thread that starts a job, the first attempt of each of its write tasks fails after
+#: its data files are written (the task must remove them; Spark retries it).
+FAIL_FIRST_ATTEMPT_PROPERTY = "lancetx.test.failFirstAttemptAfterWrite"
+
+
+def _injected_failure() -> Callable[[], None] | None:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None or context.getLocalProperty(FAIL_FIRST_ATTEMPT_PROPERTY) != "true":
+        return None
+    if context.attemptNumber() != 0:
+        return None
+
+    def fail() -> None:
+        raise RuntimeError(
+            f"injected failure ({FAIL_FIRST_ATTEMPT_PROPERTY}) of task "
+            f"{context.partitionId()} attempt 0, after its data files were written"
+        )
+
+    return fail
 
 
 # --------------------------------------------------------------------------- writing
@@ -166,7 +189,7 @@ class LanceTxWriter(DataSourceArrowWriter):  # type: ignore[misc]
         self.job = job
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LanceTxCommitMessage:
-        return LanceTxCommitMessage(write_task(iterator, self.plan))
+        return LanceTxCommitMessage(write_task(iterator, self.plan, _injected_failure()))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         commit_job(self.job, _outputs(messages))
