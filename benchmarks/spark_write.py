@@ -161,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         df.limit(1000).write.format("lancetx").mode("overwrite").option(
             "vector_columns", "emb:128"
         ).save(lance_path)
+        df.limit(1000).write.format("null_python").mode("append").save()
         sinks: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
             "parquet-local": (
                 clean(parquet),

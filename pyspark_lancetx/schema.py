@@ -168,16 +168,21 @@ def _aligned(column: pa.Array) -> pa.Array:
     """A copy in freshly allocated (64-byte aligned) buffers.
 
     Spark's Arrow stream aligns buffers to 8 bytes; pylance's reader of 128-bit
-    decimals needs 16 and panics otherwise.
+    decimals needs 16 and panics otherwise. Concatenating one array copies it.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    return pc.take(column, pa.array(range(len(column)), pa.int64()))
+    return pa.concat_arrays([column])
 
 
 def conform_write_batch(batch: pa.RecordBatch, target: pa.Schema, uri: str) -> pa.RecordBatch:
-    """Spark's Arrow batch as ``target`` (vector casts, nullability), checked column by column."""
+    """Spark's Arrow batch as ``target`` (vector casts, nullability), checked column by column.
+
+    Columns whose type already matches are passed through. A vector column
+    (``list<float>`` → ``fixed_size_list<float32>``) without null rows keeps its
+    values buffer: Arrow's cast only re-labels it when every list has the right
+    length (null rows need placeholder values, hence a copy).
+    """
     import pyarrow as pa
 
     decimals = [_has_decimal(f.type) for f in target]
