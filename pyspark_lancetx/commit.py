@@ -240,7 +240,7 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
         properties.update({STREAM_ID_KEY: job.stream_id, BATCH_ID_KEY: str(job.batch_id)})
     deadline = time.monotonic() + job.timeout
     since = job.scan_from
-    uncertain: CommitStateUnknownError | None = None
+    uncertain: Exception | None = None
     attempts = 0
     while True:
         attempts += 1
@@ -270,25 +270,22 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
                 _discard(job, frag_json)
             raise SparkSchemaError(uri, exc.column, exc.problem) from None
         except (CommitStateUnknownError, *_TRANSIENT) as exc:
-            if isinstance(exc, CommitStateUnknownError):
-                # The claim may have landed: the next call looks for our key first.
-                uncertain = exc
-                log.warning(
-                    "commit of job %s to %s: outcome unknown (%s); settling", job.job_id, uri, exc
-                )
+            # The claim may have landed (a transient error may have hidden its answer
+            # too): the next call looks for our key first, and no file is deleted.
+            uncertain = exc
+            log.warning(
+                "commit of job %s to %s: outcome unknown (%s); settling", job.job_id, uri, exc
+            )
             if time.monotonic() > deadline:
-                if uncertain is not None:
-                    raise JobCommitUnknownError(
-                        uri, job.job_id, uncertain.version, f"last error: {exc}"
-                    ) from exc
-                _discard(job, frag_json)
-                raise
+                raise JobCommitUnknownError(
+                    uri, job.job_id, _version_of(exc), f"last error: {exc}"
+                ) from exc
             time.sleep(0.2)
             continue
         except RetriesExhaustedError as exc:
             if uncertain is not None:
                 raise JobCommitUnknownError(
-                    uri, job.job_id, uncertain.version, f"last error: {exc}"
+                    uri, job.job_id, _version_of(uncertain), f"last error: {exc}"
                 ) from exc
             _discard(job, frag_json)
             raise JobCommitTimeoutError(uri, job.job_id, job.timeout, exc.attempts) from exc
@@ -308,6 +305,11 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
                 result.attempts,
             )
         return JobCommitted(result.version, result.deduplicated, attempts)
+
+
+def _version_of(error: BaseException) -> int:
+    """The version an unknown outcome is about (0 when the error does not say)."""
+    return error.version if isinstance(error, CommitStateUnknownError) else 0
 
 
 def _stream_batch_committed(job: JobCommit, since: int) -> tuple[int | None, int]:
