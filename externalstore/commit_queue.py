@@ -27,7 +27,8 @@ Invariants:
 
 Item: ``base_uri`` = the table's ``base_uri`` + :data:`QUEUE_SUFFIX`,
 ``version`` = 0, attributes ``issued`` (N), ``served`` (N) and
-``served_version`` (N: the version the holder of ticket ``served`` claimed). Lance and
+``served_version`` (N: the version the holder of ticket ``served`` claimed),
+``served_at`` (N, epoch milliseconds: when it was served). Lance and
 pylance only query their table's own ``base_uri``, so they never see it.
 Needs ``dynamodb:UpdateItem`` (and ``GetItem``); without it the handler stops
 queueing and falls back to random backoff (see
@@ -37,6 +38,7 @@ queueing and falls back to random backoff (see
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,11 +57,13 @@ QUEUE_SUFFIX = "#lancetx-commit-queue"
 ISSUED = "issued"
 SERVED = "served"
 SERVED_VERSION = "served_version"
+SERVED_AT = "served_at"
 
 __all__ = [
     "ISSUED",
     "QUEUE_SUFFIX",
     "SERVED",
+    "SERVED_AT",
     "SERVED_VERSION",
     "end_turn_plan",
     "is_queue_key",
@@ -85,7 +89,10 @@ def _turns(item: Mapping[str, Any] | None) -> Turns:
         return 0
 
     return Turns(
-        issued=number(ISSUED), served=number(SERVED), served_version=number(SERVED_VERSION)
+        issued=number(ISSUED),
+        served=number(SERVED),
+        served_version=number(SERVED_VERSION),
+        served_at=number(SERVED_AT) / 1000.0,
     )
 
 
@@ -117,9 +124,14 @@ def end_turn_plan(
 ) -> Plan[None]:
     """One UpdateItem raising ``served`` to ``ticket`` (never lowering it), with the
     version its holder claimed, if it did (the next holder watches for a newer one)."""
-    names = {"#served": SERVED}
-    values: dict[str, Any] = {":ticket": {"N": str(int(ticket))}}
-    update = "SET #served = :ticket"
+    names = {"#served": SERVED, "#served_at": SERVED_AT}
+    values: dict[str, Any] = {
+        ":ticket": {"N": str(int(ticket))},
+        # Milliseconds: waiters on other machines time the next turn from it
+        # (clocks a few ms apart only shift one sleep by as much).
+        ":now": {"N": str(int(time.time() * 1000))},
+    }
+    update = "SET #served = :ticket, #served_at = :now"
     if version is not None:
         names["#served_version"] = SERVED_VERSION
         values[":version"] = {"N": str(int(version))}

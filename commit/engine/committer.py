@@ -358,6 +358,8 @@ class _Turn:
     turn_began: float | None = None
     #: The version the holder of ticket ``served`` claimed, as last seen.
     served_version: int = 0
+    #: When ticket ``served`` was served (epoch seconds; 0 if unknown).
+    served_at: float = 0.0
 
 
 def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
@@ -372,6 +374,7 @@ def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -
         return False
     turn.ticket, turn.served = turns.issued, turns.served
     turn.served_version = turns.served_version
+    turn.served_at = turns.served_at
     if turns.issued - turns.served > 1:
         contended.queued(time.monotonic())
     return True
@@ -401,9 +404,14 @@ def _wait_for_turn(
         log.debug("%s: ticket %d, %d ahead in the commit queue", base, turn.ticket, ahead)
     newer: list[_Loaded] | None = None
     looks = 0
+    watching = False  # next in line, looking at the table
     while turn.ticket - turn.served - 1 > 0:
         ahead_now = turn.ticket - turn.served - 1
-        yield Sleep(contention.turn_wait(policy, contended, ahead_now))
+        into_turn = time.time() - turn.served_at if turn.served_at else None
+        yield Sleep(
+            contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
+        )
+        watching = ahead_now == 1
         now = time.monotonic()
         looks += 1
         if ahead_now == 1 and looks % 4 != 0:
@@ -425,6 +433,8 @@ def _wait_for_turn(
                 last_served, last_change = turns.served, now
                 turn.served = turns.served
                 turn.served_version = max(turn.served_version, turns.served_version)
+                turn.served_at = turns.served_at
+                watching = False
                 continue
             if now - last_change <= contention.stall_limit(contended):
                 continue

@@ -72,6 +72,9 @@ class Turns:
     #: The version the holder of ticket ``served`` claimed (0 if unknown): the
     #: next holder builds on it or on a later one.
     served_version: int = 0
+    #: When ticket ``served`` was served (seconds since the epoch; 0 if unknown):
+    #: the turn after it began then.
+    served_at: float = 0.0
 
 
 class CommitHandler(abc.ABC):
