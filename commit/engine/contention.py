@@ -194,18 +194,21 @@ def turn_wait(
     until the current turn's claim is due, then a quarter turn at a time.
     """
     work = turn_work(contended)
-    done = min(into_turn, work) if into_turn is not None else 0.0
     if ahead > 1:
         # Far back, by the observed time between turns (handoffs included): by
-        # pure work a waiter would look several times per turn ahead of it. A
-        # little early still, so a late look never leaves the table idle.
-        between = contended.turn_interval or work
+        # pure work it would look several times per turn ahead of it. A little
+        # early still; the next in line does not depend on it.
+        between = max(work, contended.turn_interval or work)
+        done = min(into_turn, between) if into_turn is not None else 0.0
         wait = 0.8 * ((ahead - 1) * between - done)
     elif first_look:
+        # Next in line, by work only: timing it by observed intervals would feed
+        # every idle gap back into the next wait.
+        done = min(into_turn, work) if into_turn is not None else 0.0
         wait = work - done
     else:
         wait = work / 4
-    return float(min(policy.max_delay, max(work / 4, wait)))
+    return float(min(policy.max_delay, max(work / 5, wait)))
 
 
 def turn_work(contended: TableContention) -> float:
