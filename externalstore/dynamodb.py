@@ -62,6 +62,7 @@ from lancetx.externalstore.errors import (
     EntryNotFoundError,
     ExternalStoreError,
     InvalidConfigError,
+    InvalidRequestError,
     MalformedEntryError,
     TableNotFoundError,
     TableSchemaError,
@@ -298,7 +299,8 @@ def warn_if_sdk_retries(client: Any) -> None:
 
 
 def make_client(config: DynamoDBConfig | None = None) -> Any:
-    """A boto3 DynamoDB client for ``config`` (a fresh session: thread-safe)."""
+    """The process's boto3 DynamoDB client for ``config`` (built on first use, then
+    shared by every store configured the same way; thread-safe)."""
     config = config or DynamoDBConfig.from_options()
     session = shared_session(config.profile)
     return make_shared_client(
@@ -939,9 +941,13 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
     ``client`` is a boto3 DynamoDB client (prefer :func:`make_client`, which
     turns botocore's retries off so ours see every attempt). With ``validate``
-    the table's layout is checked once per (endpoint, region, table) per
-    process (DescribeTable; needs ``dynamodb:DescribeTable``). ``page_size``
-    bounds the items per Query page (None: DynamoDB's 1 MB pages).
+    the table's layout is checked now, once per (endpoint, region, table) per
+    process (DescribeTable; needs ``dynamodb:DescribeTable``). Without it
+    nothing is sent until the first operation: a missing table then raises
+    TableNotFoundError, and a request DynamoDB rejects on a table not yet
+    validated in this process is checked against the layout (one DescribeTable,
+    on that error only) and raises TableSchemaError when the layout is why.
+    ``page_size`` bounds the items per Query page (None: DynamoDB's 1 MB pages).
     """
 
     def __init__(
@@ -998,7 +1004,31 @@ class DynamoDBManifestStore(ExternalManifestStore):
         return self._ctx.target
 
     def _run(self, plan: Plan[T]) -> T:
-        return run_plan(self.client, plan, self._sleep)
+        try:
+            return run_plan(self.client, plan, self._sleep)
+        except InvalidRequestError as exc:
+            # A table of another key layout rejects our keys; say so plainly instead.
+            self._explain_rejection(exc)
+            raise
+
+    def _explain_rejection(self, exc: InvalidRequestError) -> None:
+        """Raise TableSchemaError (from ``exc``) when the table's layout is the reason
+        DynamoDB rejected a request; return when the layout is fine."""
+        if cached_validation(self._ctx.target) is not None:
+            return
+        try:
+            info = run_plan(self.client, validate_plan(self._ctx), self._sleep)
+        except TableSchemaError as schema:
+            raise schema from exc
+        remember_validation(self._ctx.target, info)
+
+    def check_stamp(self) -> int | None:
+        """Refuse a store stamped by a newer lancetx (one GetItem per table per process).
+        Raises StoreSchemaTooNewError, or what reading the table raises (e.g.
+        TableNotFoundError, TableSchemaError)."""
+        from lancetx.externalstore.store_schema import check_stamp_with
+
+        return check_stamp_with(self.client, self.table_name, self._run)
 
     def validate(self) -> TableInfo:
         """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""

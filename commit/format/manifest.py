@@ -358,6 +358,29 @@ def read_manifest_at(store: ObjectStore, location: ManifestLocation) -> Manifest
         return read_manifest(store, location.alternate_key, size=location.size)
 
 
+def serialized_for_pylance(manifest_file: ManifestFile) -> bytes:
+    """The Manifest message as pylance serializes it for ``LanceDataset(...,
+    serialized_manifest=)``: the message as stored in the file, inline transaction
+    position included (pylance reads the transaction and the index section from
+    the file at those offsets). Opening pylance with it skips its manifest GET."""
+    if manifest_file.transaction_position is None:
+        return manifest_file.manifest.SerializeToString()
+    copy = table_pb2.Manifest()
+    copy.CopyFrom(manifest_file.manifest)
+    copy.inline_transaction_position = manifest_file.transaction_position
+    return copy.SerializeToString()
+
+
+def data_file_signature(manifest: table_pb2.Manifest) -> bytes:
+    """What new data files for a version depend on: its schema (fields with their ids,
+    schema metadata) and data storage format. Two versions with the same signature take
+    the same data files, so one pylance dataset can write them for both."""
+    parts = [f.SerializeToString(deterministic=True) for f in manifest.fields]
+    parts.append(repr(sorted(manifest.schema_metadata.items())).encode())
+    parts.append(manifest.data_format.SerializeToString(deterministic=True))
+    return b"\x00".join(parts)
+
+
 __all__ = [
     "FEATURE_FLAG_NAMES",
     "FLAG_BASE_PATHS",
@@ -375,9 +398,11 @@ __all__ = [
     "check_reader_flags",
     "check_writer_flags",
     "clear_file_positions",
+    "data_file_signature",
     "decode_manifest",
     "decode_manifest_tail",
     "encode_manifest",
     "read_manifest",
     "read_manifest_at",
+    "serialized_for_pylance",
 ]

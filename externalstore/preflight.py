@@ -1,0 +1,88 @@
+"""Checks an ``s3+ddb://`` connection owes before its results may be used, run beside
+its first request instead of before it.
+
+Opening a table used to send, before anything useful, a DescribeTable (the table's
+key layout), a GetItem of the store's layout stamp and a GetItem of the table's
+moved record. None of them can change what the first request returns; they only
+decide whether it may be trusted. So :class:`Preflight` starts them on a thread when
+the connection is first used, lets the request run meanwhile, and reports their
+verdict before the request's result is handed back: a failed check (the table was
+migrated, the store is newer than this lancetx) is raised instead of the result, and
+also instead of the request's own error, which it usually explains. A check that
+passed is not repeated for the connection; one that failed (or could not be made, e.g.
+throttled) is made again at the next use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Preflight:
+    """``check`` run once, beside the first action (see the module docstring)."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = check
+        self._lock = threading.Lock()
+        self._passed = False
+        self._pending: Future[None] | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether the check has passed (nothing left to run)."""
+        return self._passed
+
+    def beside(self, action: Callable[[], T]) -> T:
+        """``action()``, with the check running beside it until it has passed once.
+
+        Raises the check's error, if it fails, in place of the action's result or error.
+        """
+        if self._passed:
+            return action()
+        with self._lock:
+            pending = self._pending
+            if pending is None and not self._passed:
+                pending = self._pending = self._start()
+        if pending is None:
+            return action()
+        try:
+            result = action()
+        except BaseException:
+            self._settle(pending)
+            raise
+        self._settle(pending)
+        return result
+
+    def _start(self) -> Future[None]:
+        future: Future[None] = Future()
+
+        def work() -> None:
+            try:
+                self._check()
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+        threading.Thread(target=work, name="lancetx-preflight", daemon=True).start()
+        return future
+
+    def _settle(self, pending: Future[None]) -> None:
+        try:
+            pending.result()
+        except BaseException:
+            with self._lock:
+                if self._pending is pending:
+                    self._pending = None  # not passed: check again at the next use
+            raise
+        with self._lock:
+            self._passed = True
+            self._pending = None
+
+
+__all__ = ["Preflight"]
