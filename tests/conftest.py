@@ -19,6 +19,7 @@ import external_backend
 import pytest
 from hypothesis import settings
 
+from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.externalstore.embedded import EmbeddedAws
 
 # CI runs a fixed set of examples (a landing must not depend on a lucky seed);
@@ -58,6 +59,13 @@ def pytest_report_header(config: pytest.Config) -> str:
             "moto: refused at import"
         )
     return "backend: embedded moto server (S3 + DynamoDB on 127.0.0.1)"
+
+
+@pytest.fixture(autouse=True)
+def _own_aws_clients() -> None:
+    """Each test starts without the process's shared boto3 clients: event handlers a
+    test registers on them (request logs, fault hooks) must not outlive it."""
+    clear_client_cache()
 
 
 @pytest.fixture(scope="session")

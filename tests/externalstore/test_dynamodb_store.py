@@ -18,6 +18,7 @@ from typing import Any
 
 import lance
 import pyarrow as pa
+import boto3
 import pytest
 
 from lancetx.commit.format.naming import NamingScheme, manifest_key
@@ -673,7 +674,8 @@ def test_validation_is_cached_per_table(
     calls: Counter[str] = Counter()
 
     def counting_client() -> Any:
-        client = make_client(config)
+        # A client of its own (make_client's is shared by the process).
+        client = boto3.session.Session().client("dynamodb", **config.client_kwargs())
         client.meta.events.register(
             "before-parameter-build.dynamodb.DescribeTable",
             lambda params, **_: calls.update([params["TableName"]]),
