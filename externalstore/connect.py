@@ -49,8 +49,9 @@ class TableConnection:
 
 def _table_checks(entries: DynamoDBManifestStore, base: str) -> Callable[[], None]:
     def check() -> None:
-        # A store of a newer lancetx's layout (one GetItem per table per process).
-        entries.check_stamp()
+        # The table's key layout (DescribeTable) and a store of a newer lancetx's
+        # layout (GetItem of its stamp): once per table per process.
+        entries.validate()
         # A table migrated to conditional PUT must not take s3+ddb:// commits (one
         # GetItem per connection, as a migration may happen while a process runs).
         check_not_moved(entries, base, entries.table_name)
@@ -63,7 +64,8 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
     UnsupportedOperationError for a legacy ``s3://`` store.
 
     An ``s3+ddb://`` connection sends nothing until it is first used; its DynamoDB
-    table's checks then run beside that first request (see
+    table's checks (DescribeTable and the layout stamp once per table per process, the
+    moved record once per connection) then run beside that first request (see
     :mod:`lancetx.externalstore.preflight`) and raise instead of its result:
     TableNotFoundError (no such table), TableSchemaError (another key layout),
     StoreSchemaTooNewError (a newer lancetx's store) or TableMovedError (the table

@@ -3,8 +3,8 @@ its first request instead of before it.
 
 Opening a table used to send, before anything useful, a DescribeTable (the table's
 key layout), a GetItem of the store's layout stamp and a GetItem of the table's
-moved record. None of them can change what the first request returns; they only
-decide whether it may be trusted. So :class:`Preflight` starts them on a thread when
+moved record: three round trips before the first read. None of them can change what
+the first request returns; they only decide whether it may be trusted. So :class:`Preflight` starts them on a thread when
 the connection is first used, lets the request run meanwhile, and reports their
 verdict before the request's result is handed back: a failed check (the table was
 migrated, the store is newer than this lancetx) is raised instead of the result, and
