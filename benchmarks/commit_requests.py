@@ -20,8 +20,9 @@ Scenarios:
   ``ds.checkout_latest()`` on a held dataset);
 * ``open``         — open the table from its URI in a warm process (lancetx:
   ``connect`` + ``load_parent``; pylance: ``lance.dataset``);
-* ``open-cold``    — the same in a fresh Python process (no cached DescribeTable);
-  the time is measured inside the child, imports excluded.
+* ``open-cold``    — the same in a fresh Python process (no shared clients, no
+  cached DescribeTable); the time is measured inside the child, imports excluded
+  (the child also reports how long building lancetx's two boto3 clients took).
 
 Systems: ``lancetx`` (``s3+ddb://``), ``pylance-ddb`` (pylance ``s3+ddb://``),
 ``pylance-s3`` (pylance plain ``s3://``, If-None-Match), and ``lancetx-s3``
@@ -84,6 +85,8 @@ class Measurement:
     seconds: list[float] = field(default_factory=list)
     #: lancetx only: what its boto3 clients sent, per run (botocore events).
     client_side: list[Counter[str]] = field(default_factory=list)
+    #: lancetx cold opens only: seconds the child's connect() took (client building).
+    connect_seconds: list[float] = field(default_factory=list)
 
     def mean(self, select: Callable[[Request], bool] = lambda r: True) -> float:
         return statistics.fmean(sum(1 for r in run if select(r)) for run in self.runs)
@@ -119,6 +122,7 @@ class Measurement:
             "median_ms": self.median_ms(),
             "seconds": self.seconds,
             "client_side_check": self.client_check(),
+            "connect_seconds": self.connect_seconds,
         }
 
 
@@ -139,11 +143,14 @@ class System:
         self.options = bench.options
         self.seq = 0
         # Created by pylance, as a table normally would be; this also warms pylance's
-        # per-process DescribeTable cache, as lancetx's connect() warms its own.
+        # per-process DescribeTable cache. lancetx's first read warms its own (the
+        # table's checks ride along a connection's first request).
         lance.write_dataset(self._data(), self.uri, storage_options=self.options)
         self.conn: TableConnection | None = (
             connect(self.uri, self.options) if self.lancetx else None
         )
+        if self.conn is not None:
+            load_parent(self.conn.handler, self.conn.base)
         self.botocore = BotocoreCounter()
         if self.conn is not None:
             self.botocore.attach(self.conn.handler)
@@ -151,6 +158,8 @@ class System:
         self.reader: lance.LanceDataset | None = None
         #: Set by actions whose duration is measured elsewhere (the cold-open child).
         self.reported_seconds: float | None = None
+        #: Cold opens: how long the child's connect() (building the clients) took.
+        self.connect_seconds: list[float] = []
 
     def _data(self) -> Any:
         self.seq += 1
@@ -219,19 +228,24 @@ class System:
         )
         if result.returncode != 0:
             raise RuntimeError(f"cold open of {self.uri} failed:\n{result.stderr}")
-        self.reported_seconds = float(json.loads(result.stdout)["seconds"])
+        reported = json.loads(result.stdout)
+        self.reported_seconds = float(reported["seconds"])
+        self.connect_seconds.append(float(reported["connect_seconds"]))
 
 
 def child_open(system: str, uri: str, options: dict[str, str]) -> int:
     """Run in a fresh process: open the latest version once, print the time as JSON."""
+    connecting = 0.0
     with Stopwatch() as watch:
         if system.startswith("lancetx"):
-            conn = connect(uri, options)
+            with Stopwatch() as building:
+                conn = connect(uri, options)  # builds the clients, sends nothing
+            connecting = building.seconds
             if load_parent(conn.handler, conn.base) is None:
                 return 1
         else:
             lance.dataset(uri, storage_options=options)
-    print(json.dumps({"seconds": watch.seconds}))
+    print(json.dumps({"seconds": watch.seconds, "connect_seconds": connecting}))
     return 0
 
 
@@ -262,6 +276,8 @@ def measure(system: System, scenario: str, repeats: int, counter: ServerCounter)
         result.seconds.append(watch.seconds if seconds is None else seconds)
         if system.lancetx and scenario != "open-cold":
             result.client_side.append(system.botocore.take())
+    if scenario == "open-cold" and system.lancetx:
+        result.connect_seconds = system.connect_seconds[-repeats:]
     return result
 
 
@@ -367,6 +383,17 @@ def report(results: Sequence[Measurement]) -> str:
             markdown_table(
                 ["scenario", "system", *AREAS, "sent by boto3 (lancetx)", "sent by pylance"],
                 area_rows,
+            ),
+            "",
+        ]
+    cold = [m for m in results if m.scenario == "open-cold" and m.connect_seconds]
+    if cold:
+        out += [
+            "Fresh-process opens, of which building boto3 clients (median ms): "
+            + "; ".join(
+                f"{m.system}: {fmt(statistics.median(m.connect_seconds) * 1000)} of "
+                f"{fmt(m.median_ms())}"
+                for m in cold
             ),
             "",
         ]

@@ -192,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--lengths", default="10,100,300", help="history lengths (versions)")
     parser.add_argument("--samples", type=int, default=10, help="appends measured per length")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="subset of lancetx,pylance-ddb")
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="subset of lancetx,pylance-ddb"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     lengths = sorted(int(x) for x in args.lengths.split(",") if x)

@@ -48,7 +48,7 @@ def shared_session(profile: str | None = None) -> boto3.session.Session:
 def _config_key(value: Any) -> Any:
     if isinstance(value, Config):
         # A Config compares by identity; what it was built from says what it does.
-        return ("Config", sorted((k, repr(v)) for k, v in value._user_provided_options.items()))
+        return ("Config", sorted((k, repr(v)) for k, v in vars(value).items()))
     return repr(value)
 
 
