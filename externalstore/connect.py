@@ -47,16 +47,17 @@ class TableConnection:
     storage_options: dict[str, str] = field(default_factory=dict)
 
 
-def _table_checks(entries: DynamoDBManifestStore, base: str) -> Callable[[], None]:
-    def check() -> None:
-        # The table's key layout (DescribeTable) and a store of a newer lancetx's
-        # layout (GetItem of its stamp): once per table per process.
-        entries.validate()
-        # A table migrated to conditional PUT must not take s3+ddb:// commits (one
-        # GetItem per connection, as a migration may happen while a process runs).
-        check_not_moved(entries, base, entries.table_name)
-
-    return check
+def _table_checks(entries: DynamoDBManifestStore, base: str) -> list[Callable[[], object]]:
+    """What an ``s3+ddb://`` connection checks beside its first request, most basic first."""
+    return [
+        # The table's key layout (DescribeTable, once per table per process).
+        entries.validate_layout,
+        # A store of a newer lancetx's layout (GetItem, once per table per process).
+        entries.check_stamp,
+        # A table migrated to conditional PUT must not take s3+ddb:// commits (GetItem,
+        # once per connection: a migration may happen while a process runs).
+        lambda: check_not_moved(entries, base, entries.table_name),
+    ]
 
 
 def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> TableConnection:

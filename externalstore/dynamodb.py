@@ -1031,13 +1031,18 @@ class DynamoDBManifestStore(ExternalManifestStore):
         return check_stamp_with(self.client, self.table_name, self._run)
 
     def validate(self) -> TableInfo:
-        """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        """Check the table's layout and the store's layout stamp (each once per table per
+        process). Raises TableNotFoundError / TableSchemaError / StoreSchemaTooNewError."""
+        info = self.validate_layout()
+        self.check_stamp()  # a newer lancetx's layout: refuse
+        return info
+
+    def validate_layout(self) -> TableInfo:
+        """Check the table's key layout (DescribeTable, cached per process). Raises
+        TableNotFoundError / TableSchemaError."""
         info = cached_validation(self._ctx.target)
         if info is None:
             info = self._run(validate_plan(self._ctx))
-            from lancetx.externalstore.store_schema import check_stamp
-
-            check_stamp(self.client, self.table_name)  # a newer lancetx's layout: refuse
             remember_validation(self._ctx.target, info)
         self.table_info = info
         if info.arn:

@@ -6,7 +6,8 @@ key layout), a GetItem of the store's layout stamp and a GetItem of the table's
 moved record: three round trips before the first read. None of them can change what
 the first request returns; they only decide whether it may be trusted. So :class:`Preflight` starts them on a thread when
 the connection is first used, lets the request run meanwhile, and reports their
-verdict before the request's result is handed back: a failed check (the table was
+verdict before the request's result is handed back (each check on its own thread, so
+the first use waits for one round trip more at most, not three): a failed check (the table was
 migrated, the store is newer than this lancetx) is raised instead of the result, and
 also instead of the request's own error, which it usually explains. A check that
 passed is not repeated for the connection; one that failed (or could not be made, e.g.
@@ -16,7 +17,7 @@ throttled) is made again at the next use.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -24,30 +25,33 @@ T = TypeVar("T")
 
 
 class Preflight:
-    """``check`` run once, beside the first action (see the module docstring)."""
+    """``checks`` run once, each on its own thread, beside the first action (see the
+    module docstring); what they return is ignored, what they raise is the verdict. They are independent round trips, so the first use waits for
+    the slowest one, not their sum; if several fail, the first in ``checks`` order is
+    raised (put the most basic first)."""
 
-    def __init__(self, check: Callable[[], None]) -> None:
-        self._check = check
+    def __init__(self, checks: Sequence[Callable[[], object]]) -> None:
+        self._checks = tuple(checks)
         self._lock = threading.Lock()
         self._passed = False
-        self._pending: Future[None] | None = None
+        self._pending: list[Future[None]] | None = None
 
     @property
     def passed(self) -> bool:
-        """Whether the check has passed (nothing left to run)."""
+        """Whether the checks have passed (nothing left to run)."""
         return self._passed
 
     def beside(self, action: Callable[[], T]) -> T:
-        """``action()``, with the check running beside it until it has passed once.
+        """``action()``, with the checks running beside it until they have passed once.
 
-        Raises the check's error, if it fails, in place of the action's result or error.
+        Raises a check's error, if one fails, in place of the action's result or error.
         """
         if self._passed:
             return action()
         with self._lock:
             pending = self._pending
             if pending is None and not self._passed:
-                pending = self._pending = self._start()
+                pending = self._pending = [_start(check) for check in self._checks]
         if pending is None:
             return action()
         try:
@@ -58,31 +62,32 @@ class Preflight:
         self._settle(pending)
         return result
 
-    def _start(self) -> Future[None]:
-        future: Future[None] = Future()
-
-        def work() -> None:
-            try:
-                self._check()
-            except BaseException as exc:  # handed to the waiting caller
-                future.set_exception(exc)
-            else:
-                future.set_result(None)
-
-        threading.Thread(target=work, name="lancetx-preflight", daemon=True).start()
-        return future
-
-    def _settle(self, pending: Future[None]) -> None:
-        try:
-            pending.result()
-        except BaseException:
-            with self._lock:
-                if self._pending is pending:
-                    self._pending = None  # not passed: check again at the next use
-            raise
+    def _settle(self, pending: list[Future[None]]) -> None:
+        errors = [f.exception() for f in pending]  # waits for every check
+        failed = next((e for e in errors if e is not None), None)
         with self._lock:
-            self._passed = True
-            self._pending = None
+            if failed is None:
+                self._passed = True
+                self._pending = None
+            elif self._pending is pending:
+                self._pending = None  # not passed: check again at the next use
+        if failed is not None:
+            raise failed
+
+
+def _start(check: Callable[[], object]) -> Future[None]:
+    future: Future[None] = Future()
+
+    def work() -> None:
+        try:
+            check()
+        except BaseException as exc:  # handed to the waiting caller
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=work, name="lancetx-preflight", daemon=True).start()
+    return future
 
 
 __all__ = ["Preflight"]
