@@ -44,7 +44,7 @@ from typing import Any, TypeVar, cast
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, shared_session
+from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.externalstore.base import (
     ExternalManifestStore,
@@ -302,9 +302,10 @@ def make_client(config: DynamoDBConfig | None = None) -> Any:
     """The process's boto3 DynamoDB client for ``config`` (built on first use, then
     shared by every store configured the same way; thread-safe)."""
     config = config or DynamoDBConfig.from_options()
-    session = shared_session(config.profile)
     return make_shared_client(
-        "dynamodb", profile=config.profile, **config.client_kwargs(session.region_name)
+        "dynamodb",
+        profile=config.profile,
+        **config.client_kwargs(session_region(config.profile)),
     )
 
 

@@ -1,4 +1,4 @@
-"""boto3 clients: one shared session per profile, one client per configuration.
+"""AWS clients: one shared session per profile, one client per configuration.
 
 A new ``boto3.Session`` re-reads botocore's service models, which costs
 150-400 ms per client (measured in ``benchmarks/``); a client from an existing
@@ -23,26 +23,53 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import InvalidRegionError
 from botocore.utils import validate_region_name
 
 from lancetx.commit.errors import StorageOptionError
+from lancetx.commit.storage import aws_model_cache
 
 _lock = threading.Lock()
-_sessions: dict[str | None, boto3.session.Session] = {}
+_sessions: dict[str | None, botocore.session.Session] = {}
 _clients: dict[tuple[str, str | None, str, str], Any] = {}
 
 
-def shared_session(profile: str | None = None) -> boto3.session.Session:
-    """The process-wide session for ``profile`` (created on first use)."""
+def shared_session(profile: str | None = None) -> botocore.session.Session:
+    """The process-wide botocore session for ``profile`` (created on first use).
+
+    A botocore session rather than boto3's: boto3 adds its S3 transfer methods
+    (``upload_file``…) to every S3 client, which imports ``s3transfer`` and
+    ``multiprocessing`` (~20 ms in a fresh process) for methods lancetx never calls.
+    The clients are the same botocore clients; their User-Agent names lancetx.
+    """
     with _lock:
         session = _sessions.get(profile)
         if session is None:
-            session = boto3.session.Session(profile_name=profile)
+            session = botocore.session.Session(profile=profile)
+            session.user_agent_name = "lancetx"
+            session.user_agent_version = _version()
+            # Service data from the on-disk copy (see :mod:`.aws_model_cache`): the
+            # first client of a process is most of a fresh process's table open.
+            aws_model_cache.install(session)
             _sessions[profile] = session
         return session
+
+
+def session_region(profile: str | None = None) -> str | None:
+    """The region ``profile`` (or the environment) configures, if any."""
+    region = shared_session(profile).get_config_variable("region")
+    return region if isinstance(region, str) and region else None
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("lancetx")
+    except Exception:  # not installed as a distribution (a source checkout)
+        return "0"
 
 
 def _config_key(value: Any) -> Any:
@@ -86,9 +113,9 @@ def make_client(
         if client is not None:
             return client
         try:
-            client = session.client(service, **kwargs)  # type: ignore[call-overload]
+            client = session.create_client(service, **kwargs)
         except InvalidRegionError as exc:
-            region = kwargs.get("region_name") or session.region_name
+            region = kwargs.get("region_name") or session.get_config_variable("region")
             raise StorageOptionError(
                 f"the {service} client's region {region!r} is not an AWS region name "
                 "(e.g. 'us-east-1'); set the storage option aws_region (for DynamoDB: "
