@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lancetx.commit.errors import UnsupportedOperationError
+from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.format.naming import MANIFEST_SUFFIX
+from lancetx.commit.handlers.interface import Turns
 
 __all__ = [
     "AsyncExternalManifestStore",
@@ -49,6 +51,9 @@ class ManifestEntry:
     ``commit_token`` is the UUID of the writer's staged manifest (lancetx only).
     ``bucket`` is the bucket the manifest lives in (lancetx only): Lance's key
     omits it, so it tells two buckets' tables at the same path apart.
+    ``summary`` is the claimed version's transaction in brief (lancetx only):
+    a concurrent writer judges most conflicts from it without reading the
+    manifest (see :class:`~lancetx.commit.format.location.TransactionSummary`).
     """
 
     base_uri: str
@@ -59,6 +64,7 @@ class ManifestEntry:
     committer: str | None = None
     commit_token: str | None = None
     bucket: str | None = None
+    summary: TransactionSummary | None = None
 
     def __post_init__(self) -> None:
         if not self.base_uri:
@@ -185,6 +191,28 @@ class ExternalManifestStore(abc.ABC):
     def delete_all(self, base_uri: str) -> None:
         """Delete every entry of ``base_uri`` (used when a table is dropped)."""
 
+    # The commit queue (optional; see :mod:`lancetx.externalstore.commit_queue`).
+    # A store without one raises UnsupportedOperationError, and writers back off
+    # at random instead.
+
+    def take_ticket(self, base_uri: str) -> Turns:
+        """Join ``base_uri``'s commit queue: the queue with our ticket as ``issued``."""
+        raise UnsupportedOperationError(
+            "commit queue", type(self).__name__, "this external store keeps no commit queue"
+        )
+
+    def read_turns(self, base_uri: str) -> Turns:
+        """``base_uri``'s commit queue as it stands."""
+        raise UnsupportedOperationError(
+            "commit queue", type(self).__name__, "this external store keeps no commit queue"
+        )
+
+    def end_turn(self, base_uri: str, ticket: int) -> None:
+        """Serve ``ticket``: raise the queue's ``served`` mark to it (never lower it)."""
+        raise UnsupportedOperationError(
+            "commit queue", type(self).__name__, "this external store keeps no commit queue"
+        )
+
 
 class AsyncExternalManifestStore(abc.ABC):
     """The asyncio twin of :class:`ExternalManifestStore`; same semantics."""
@@ -225,3 +253,21 @@ class AsyncExternalManifestStore(abc.ABC):
     @abc.abstractmethod
     async def delete_all(self, base_uri: str) -> None:
         """See :meth:`ExternalManifestStore.delete_all`."""
+
+    async def take_ticket(self, base_uri: str) -> Turns:
+        """See :meth:`ExternalManifestStore.take_ticket`."""
+        raise UnsupportedOperationError(
+            "commit queue", type(self).__name__, "this external store keeps no commit queue"
+        )
+
+    async def read_turns(self, base_uri: str) -> Turns:
+        """See :meth:`ExternalManifestStore.read_turns`."""
+        raise UnsupportedOperationError(
+            "commit queue", type(self).__name__, "this external store keeps no commit queue"
+        )
+
+    async def end_turn(self, base_uri: str, ticket: int) -> None:
+        """See :meth:`ExternalManifestStore.end_turn`."""
+        raise UnsupportedOperationError(
+            "commit queue", type(self).__name__, "this external store keeps no commit queue"
+        )

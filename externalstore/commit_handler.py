@@ -20,10 +20,17 @@ Query), not from listing the bucket: a legacy store's listing may be stale.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.errors import (
+    LancetxError,
+    ManifestFormatError,
+    ObjectNotFoundError,
+    UnsupportedOperationError,
+)
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import (
     ManifestFile,
     check_reader_flags,
@@ -31,9 +38,10 @@ from lancetx.commit.format.manifest import (
     read_manifest_at,
 )
 from lancetx.commit.format.naming import NamingScheme
-from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
+from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler, Turns
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
+from lancetx.externalstore.errors import AccessDeniedError
 from lancetx.externalstore.identity import (
     bucket_of,
     check_manifest,
@@ -48,7 +56,8 @@ from lancetx.externalstore.protocol import (
     Steps,
     StoreInfo,
     Table,
-    commit_steps,
+    claim_steps,
+    finish_steps,
     list_versions_steps,
     onboard_steps,
     resolve_latest_steps,
@@ -68,6 +77,58 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+class _QueueAccess:
+    """Whether a handler still uses its store's commit queue. The queue only
+    orders writers; when it fails, writers fall back to random backoff, so its
+    errors are logged (once per kind), never raised into a commit."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.warned = False
+
+    def call(self, fn: Callable[[], T], base: str, entries: object) -> T | None:
+        if not self.enabled:
+            return None
+        try:
+            return fn()
+        except UnsupportedOperationError:
+            self.enabled = False
+        except AccessDeniedError as exc:
+            self.enabled = False
+            log.warning(
+                "the commit queue of %s is unusable (%s); writers under contention back off at "
+                "random instead. Allow dynamodb:UpdateItem and dynamodb:GetItem on %s "
+                "(lancetx-sync iam-policy prints the policy) to let them take turns",
+                base,
+                exc,
+                _dynamodb_table(entries) or "the DynamoDB table",
+            )
+        except LancetxError as exc:
+            if not self.warned:
+                self.warned = True
+                log.warning("commit queue of %s: %s; backing off at random this time", base, exc)
+        return None
+
+    async def call_async(
+        self, fn: Callable[[], Awaitable[T]], base: str, entries: object
+    ) -> T | None:
+        if not self.enabled:
+            return None
+        try:
+            return await fn()
+        except LancetxError as exc:
+            return self.call(_raiser(exc), base, entries)
+
+
+def _raiser(exc: LancetxError) -> Callable[[], Any]:
+    def raise_it() -> Any:
+        raise exc
+
+    return raise_it
 
 
 def _table(base: str) -> Table:
@@ -99,6 +160,8 @@ class ExternalStoreCommitHandler(CommitHandler):
     inside the bucket, see :mod:`lancetx.externalstore.uri`).
     """
 
+    serves_ticket_on_claim = True
+
     def __init__(
         self,
         store: ObjectStore,
@@ -114,6 +177,17 @@ class ExternalStoreCommitHandler(CommitHandler):
         self.preflight = preflight
         #: Outcome of the last commit (for callers that want to know about finalization).
         self.last_outcome: CommitOutcome | None = None
+        self._queue = _QueueAccess()
+
+    def take_ticket(self, base: str) -> Turns | None:
+        """Join the table's commit queue in the external store (None if it keeps none)."""
+        return self._queue.call(lambda: self.entries.take_ticket(base), base, self.entries)
+
+    def read_turns(self, base: str) -> Turns | None:
+        return self._queue.call(lambda: self.entries.read_turns(base), base, self.entries)
+
+    def end_turn(self, base: str, ticket: int) -> None:
+        self._queue.call(lambda: self.entries.end_turn(base, ticket), base, self.entries)
 
     def _run(self, steps: Steps[T], base: str) -> T:
         def action() -> T:
@@ -149,12 +223,27 @@ class ExternalStoreCommitHandler(CommitHandler):
         return self._run(list_versions_steps(_table(base), since, self.store), base)
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
-        """The four-step commit of ``version``; see :func:`protocol.commit_steps`."""
-        outcome = self._run(
-            commit_steps(_table(base), version, scheme, manifest, committer=self.committer), base
+        """The four-step commit of ``version``; see :func:`protocol.commit_steps`.
+        ``ticket`` is served between the claim and the copy: the next writer in
+        the queue starts while this one finishes."""
+        table = _table(base)
+        staged = self._run(
+            claim_steps(
+                table, version, scheme, manifest, committer=self.committer, summary=summary
+            ),
+            base,
         )
+        if ticket is not None:
+            self.end_turn(base, ticket)
+        outcome = self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
 
@@ -202,6 +291,8 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
     """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3): the same
     steps, driven by :func:`~lancetx.externalstore.protocol.run_async`."""
 
+    serves_ticket_on_claim = True
+
     def __init__(
         self,
         store: AsyncObjectStore,
@@ -213,6 +304,23 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         self.entries = entries
         self.committer = committer
         self.last_outcome: CommitOutcome | None = None
+        self._queue = _QueueAccess()
+
+    async def take_ticket(self, base: str) -> Turns | None:
+        """See :meth:`ExternalStoreCommitHandler.take_ticket`."""
+        return await self._queue.call_async(
+            lambda: self.entries.take_ticket(base), base, self.entries
+        )
+
+    async def read_turns(self, base: str) -> Turns | None:
+        return await self._queue.call_async(
+            lambda: self.entries.read_turns(base), base, self.entries
+        )
+
+    async def end_turn(self, base: str, ticket: int) -> None:
+        await self._queue.call_async(
+            lambda: self.entries.end_turn(base, ticket), base, self.entries
+        )
 
     async def _run(self, steps: Steps[T], base: str) -> T:
         return await run_async(
@@ -236,12 +344,25 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         return await self._run(list_versions_steps(_table(base), since, self.store), base)
 
     async def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
-        outcome = await self._run(
-            commit_steps(_table(base), version, scheme, manifest, committer=self.committer), base
+        table = _table(base)
+        staged = await self._run(
+            claim_steps(
+                table, version, scheme, manifest, committer=self.committer, summary=summary
+            ),
+            base,
         )
+        if ticket is not None:
+            await self.end_turn(base, ticket)
+        outcome = await self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
 

@@ -3,8 +3,9 @@
 Table layout (Lance's, ``rust/lance-table/src/io/commit/dynamodb.rs``): HASH key
 ``base_uri`` (S), RANGE key ``version`` (N); attributes ``path`` (S), ``size``
 (N), ``committer`` (S), optional ``e_tag`` (S), plus lancetx's optional
-``commit_token`` (S) and ``bucket`` (S, the bucket of the manifests: Lance's key
-omits it), which pylance ignores.
+``commit_token`` (S), ``bucket`` (S, the bucket of the manifests: Lance's key
+omits it) and the transaction in brief — ``txn_operation``, ``txn_uuid``,
+``txn_idempotency_key`` (S) — which pylance ignores.
 
 Structure (sans-IO): every operation is a *plan*, a generator that yields
 :class:`ApiCall` (perform this DynamoDB request and send me the response, or
@@ -44,6 +45,8 @@ from typing import Any, TypeVar, cast
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lancetx.commit.format.location import TransactionSummary
+from lancetx.commit.handlers.interface import Turns
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.externalstore.base import (
@@ -115,6 +118,9 @@ E_TAG = "e_tag"
 COMMITTER = "committer"
 COMMIT_TOKEN = "commit_token"
 BUCKET = "bucket"
+TXN_OPERATION = "txn_operation"
+TXN_UUID = "txn_uuid"
+TXN_IDEMPOTENCY_KEY = "txn_idempotency_key"
 #: Lance versions are u64; DynamoDB numbers go to 38 digits.
 MAX_VERSION = 2**64 - 1
 
@@ -338,6 +344,7 @@ METHODS = {
     "PutItem": "put_item",
     "Query": "query",
     "DeleteItem": "delete_item",
+    "UpdateItem": "update_item",
     "TransactWriteItems": "transact_write_items",
 }
 
@@ -377,7 +384,20 @@ def item_from_entry(entry: ManifestEntry, committer: str) -> dict[str, Any]:
         item[COMMIT_TOKEN] = {"S": entry.commit_token}
     if entry.bucket is not None:
         item[BUCKET] = {"S": entry.bucket}
+    if entry.summary is not None:
+        item[TXN_OPERATION] = {"S": entry.summary.operation}
+        item[TXN_UUID] = {"S": entry.summary.uuid}
+        if entry.summary.idempotency_key:
+            item[TXN_IDEMPOTENCY_KEY] = {"S": entry.summary.idempotency_key}
     return item
+
+
+def _summary(operation: str | None, uuid: str | None, key: str | None) -> TransactionSummary | None:
+    # Half a summary (an item edited by hand, or by another tool) is no summary:
+    # the reader then loads the transaction from the manifest.
+    if not operation or not uuid:
+        return None
+    return TransactionSummary(operation, uuid, key or None)
 
 
 def entry_from_item(
@@ -411,6 +431,7 @@ def entry_from_item(
             committer=text(COMMITTER),
             commit_token=text(COMMIT_TOKEN),
             bucket=text(BUCKET),
+            summary=_summary(text(TXN_OPERATION), text(TXN_UUID), text(TXN_IDEMPOTENCY_KEY)),
         )
     except ValueError as exc:
         raise MalformedEntryError(
@@ -1075,3 +1096,19 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
     def delete_all(self, base_uri: str) -> None:
         self._run(delete_all_plan(self._ctx, base_uri))
+
+    def take_ticket(self, base_uri: str) -> Turns:
+        """Join ``base_uri``'s commit queue (see :mod:`lancetx.externalstore.commit_queue`)."""
+        from lancetx.externalstore.commit_queue import take_ticket_plan
+
+        return self._run(take_ticket_plan(self._ctx, base_uri))
+
+    def read_turns(self, base_uri: str) -> Turns:
+        from lancetx.externalstore.commit_queue import read_turns_plan
+
+        return self._run(read_turns_plan(self._ctx, base_uri))
+
+    def end_turn(self, base_uri: str, ticket: int) -> None:
+        from lancetx.externalstore.commit_queue import end_turn_plan
+
+        self._run(end_turn_plan(self._ctx, base_uri, ticket))

@@ -23,7 +23,9 @@ try:
 except ImportError as exc:  # the sync API never imports this module
     raise MissingExtraError("the asyncio DynamoDB store", "async", exc.name) from exc
 
+from lancetx.commit.handlers.interface import Turns
 from lancetx.externalstore.base import AsyncExternalManifestStore, ManifestEntry
+from lancetx.externalstore.commit_queue import end_turn_plan, read_turns_plan, take_ticket_plan
 from lancetx.externalstore.dynamodb import (
     DEFAULT_COMMITTER,
     METHODS,
@@ -213,3 +215,13 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def delete_all(self, base_uri: str) -> None:
         await self._run(delete_all_plan(self._ctx, base_uri))
+
+    async def take_ticket(self, base_uri: str) -> Turns:
+        """See :meth:`DynamoDBManifestStore.take_ticket`."""
+        return await self._run(take_ticket_plan(self._ctx, base_uri))
+
+    async def read_turns(self, base_uri: str) -> Turns:
+        return await self._run(read_turns_plan(self._ctx, base_uri))
+
+    async def end_turn(self, base_uri: str, ticket: int) -> None:
+        await self._run(end_turn_plan(self._ctx, base_uri, ticket))

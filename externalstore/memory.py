@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lancetx.commit.handlers.interface import Turns
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
@@ -62,6 +63,9 @@ _ACTIONS = {
     "put_if_exists": "PutItem",
     "list_entries": "Query",
     "delete_all": "DeleteItem",
+    "take_ticket": "UpdateItem",
+    "read_turns": "GetItem",
+    "end_turn": "UpdateItem",
 }
 
 
@@ -78,6 +82,8 @@ class MemoryManifestStore(ExternalManifestStore):
         self.name = name
         self._lock = threading.RLock()
         self._tables: dict[str, dict[int, ManifestEntry]] = {}
+        #: Commit queues: base_uri -> [issued, served].
+        self._queues: dict[str, list[int]] = {}
         self._faults: dict[str, collections.deque[_Fault]] = collections.defaultdict(
             collections.deque
         )
@@ -246,6 +252,25 @@ class MemoryManifestStore(ExternalManifestStore):
                 "injected: landed, then the answer was lost",
             )
 
+    def take_ticket(self, base_uri: str) -> Turns:
+        self._begin("take_ticket")
+        with self._lock:
+            queue = self._queues.setdefault(base_uri, [0, 0])
+            queue[0] += 1
+            return Turns(issued=queue[0], served=queue[1])
+
+    def read_turns(self, base_uri: str) -> Turns:
+        self._begin("read_turns")
+        with self._lock:
+            issued, served = self._queues.get(base_uri, [0, 0])
+            return Turns(issued=issued, served=served)
+
+    def end_turn(self, base_uri: str, ticket: int) -> None:
+        self._begin("end_turn")
+        with self._lock:
+            queue = self._queues.setdefault(base_uri, [0, 0])
+            queue[1] = max(queue[1], ticket)
+
     def as_async(self) -> AsyncMemoryManifestStore:
         """An asyncio view sharing this store's state and faults."""
         return AsyncMemoryManifestStore(self)
@@ -281,3 +306,12 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
 
     async def delete_all(self, base_uri: str) -> None:
         self.store.delete_all(base_uri)
+
+    async def take_ticket(self, base_uri: str) -> Turns:
+        return self.store.take_ticket(base_uri)
+
+    async def read_turns(self, base_uri: str) -> Turns:
+        return self.store.read_turns(base_uri)
+
+    async def end_turn(self, base_uri: str, ticket: int) -> None:
+        self.store.end_turn(base_uri, ticket)

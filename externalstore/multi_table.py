@@ -50,7 +50,7 @@ from lancetx.commit.errors import (
     RetriesExhaustedError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.handlers.interface import CommitHandler, CommitStateUnknownError
 from lancetx.commit.storage.objectstore import ObjectStore
@@ -116,10 +116,23 @@ class _StagingHandler(CommitHandler):
         return self.inner.list_versions(base, since)
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         staged = run(
-            stage_steps(_table(base), version, scheme, manifest, committer=self.inner.committer),
+            stage_steps(
+                _table(base),
+                version,
+                scheme,
+                manifest,
+                committer=self.inner.committer,
+                summary=summary,
+            ),
             self.inner.store,
             self.inner.entries,
         )

@@ -46,7 +46,7 @@ from lancetx.commit.format.listing import (
     newest_location,
     versions_prefix,
 )
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import (
     VERSIONS_DIR,
     NamingScheme,
@@ -264,6 +264,7 @@ def commit_steps(
     *,
     token: str | None = None,
     committer: str = COMMITTER,
+    summary: TransactionSummary | None = None,
 ) -> Steps[CommitOutcome]:
     """Claim ``version`` for ``manifest`` (already encoding that version).
 
@@ -271,12 +272,36 @@ def commit_steps(
     writer holds the version, CommitStateUnknownError when the claim's outcome
     cannot be determined. Once the claim is won, failures while finalizing are
     logged, not raised: the version is committed and any reader completes it.
+    ``summary`` (the transaction in brief) is stored in the entry with the claim.
     """
-    staged = yield from stage_steps(
-        table, version, scheme, manifest, token=token, committer=committer
+    staged = yield from claim_steps(
+        table, version, scheme, manifest, token=token, committer=committer, summary=summary
     )
-    entry = staged.entry
-    yield from _claim(table, entry, staged.final_key, manifest)
+    return (yield from finish_steps(staged, scheme))
+
+
+def claim_steps(
+    table: Table,
+    version: int,
+    scheme: NamingScheme,
+    manifest: bytes,
+    *,
+    token: str | None = None,
+    committer: str = COMMITTER,
+    summary: TransactionSummary | None = None,
+) -> Steps[Staged]:
+    """Steps 1 and 2 of :func:`commit_steps`: stage, then claim. Once this
+    returns, the version is ours; :func:`finish_steps` completes it."""
+    staged = yield from stage_steps(
+        table, version, scheme, manifest, token=token, committer=committer, summary=summary
+    )
+    yield from _claim(table, staged.entry, staged.final_key, staged.manifest)
+    return staged
+
+
+def finish_steps(staged: Staged, scheme: NamingScheme) -> Steps[CommitOutcome]:
+    """Steps 3 and 4 of :func:`commit_steps` for a won claim: copy, flip, clean up."""
+    table, entry, version = staged.table, staged.entry, staged.entry.version
     try:
         finalized = yield from finalize_steps(table, entry, staged_etag=staged.etag)
     except LancetxError as exc:
@@ -309,6 +334,7 @@ def stage_steps(
     *,
     token: str | None = None,
     committer: str = COMMITTER,
+    summary: TransactionSummary | None = None,
 ) -> Steps[Staged]:
     """Step 1: write ``manifest`` under ``_versions/{name}-{token}``; nothing is claimed."""
     token = token or str(uuidlib.uuid4())
@@ -321,6 +347,7 @@ def stage_steps(
         size=len(manifest),
         committer=committer,
         commit_token=token,
+        summary=summary,
     )
     return Staged(table, entry, manifest, manifest_key(table.base_key, version, scheme), meta.etag)
 
@@ -848,6 +875,7 @@ def _location(entry: ManifestEntry, scheme: NamingScheme) -> ManifestLocation:
         scheme=scheme,
         size=entry.size,
         alternate_key=alternate,
+        summary=entry.summary,
     )
 
 

@@ -48,20 +48,29 @@ from typing import Any, TypeVar
 
 from lancetx.commit.engine import contention
 from lancetx.commit.engine.builder import build_manifest
-from lancetx.commit.engine.conflicts import ConflictContext, Outcome, RebaseNeeded, classify_all
+from lancetx.commit.engine.conflicts import (
+    ConflictContext,
+    Outcome,
+    RebaseNeeded,
+    classify_all,
+    compatible_by_kind,
+)
 from lancetx.commit.engine.effects import (
     ClaimVersion,
     DeleteObject,
+    EndTurn,
     Gather,
     GetObject,
     ListVersions,
     Names,
     PutObject,
     ReadManifest,
+    ReadTurns,
     ResolveLatest,
     ResolveVersion,
     Sleep,
     Steps,
+    TakeTicket,
     run,
     run_async,
 )
@@ -76,6 +85,7 @@ from lancetx.commit.engine.events import (
 from lancetx.commit.engine.operations import (
     COMMIT_MESSAGE_KEY,
     FRAG_REUSE_INDEX_NAME,
+    OperationKind,
     Restore,
     Rewrite,
     Transaction,
@@ -93,7 +103,7 @@ from lancetx.commit.errors import (
     RetryableConflictError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import (
     ManifestFile,
     check_writer_flags,
@@ -105,6 +115,7 @@ from lancetx.commit.handlers.interface import (
     AsyncCommitHandler,
     CommitHandler,
     CommitStateUnknownError,
+    Turns,
     VersionAlreadyExistsError,
 )
 from lancetx.protos import table_pb2, transaction_pb2
@@ -292,7 +303,9 @@ def commit_steps(
         # A parent we just read ourselves need not be read again; one the caller
         # handed us is read with the others (it is checked like any version).
         known = current if parent is None else None
-        pending = yield from _load_committed(names, base, ours.read_version, current.version, known)
+        pending = yield from _load_committed(
+            names, base, ours.read_version, current.version, known, ours
+        )
     if current is not None and ours.read_version > 0:
         read_fragments = yield from _read_fragments(names, base, ours, current)
 
@@ -301,6 +314,7 @@ def commit_steps(
     # conflicting transaction leaves nothing behind. Never after an unknown outcome.
     written: list[str] = []
     counter = _Counter()
+    turn = _Turn()
     try:
         committed: Committed = yield from counter.wrap(
             _attempts(
@@ -314,17 +328,122 @@ def commit_steps(
                 options,
                 written,
                 counter,
+                turn,
             )
         )
     except CommitStateUnknownError:
+        yield from _end_turn(names, base, turn)
         raise
     except LancetxError:
+        yield from _end_turn(names, base, turn)
         yield from _discard(names, written)
         raise
+    yield from _end_turn(names, base, turn)
     yield from _discard(
         names, [k for k in written if k not in _referenced(base, committed.transaction)]
     )
     return committed
+
+
+@dataclass
+class _Turn:
+    """Our place in the table's commit queue, once we joined it."""
+
+    ticket: int | None = None
+    #: The highest ticket served, as last seen.
+    served: int = 0
+    #: The handler keeps no queue (or refused to): back off at random instead.
+    unavailable: bool = False
+    #: When our turn came (monotonic clock), once it did.
+    turn_began: float | None = None
+
+
+def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
+    """Take a ticket unless we hold one; False when the handler keeps no queue."""
+    if turn.ticket is not None:
+        return True
+    if turn.unavailable:
+        return False
+    turns: Turns | None = yield TakeTicket(base)
+    if turns is None:
+        turn.unavailable = True
+        return False
+    turn.ticket, turn.served = turns.issued, turns.served
+    if turns.issued - turns.served > 1:
+        contended.queued(time.monotonic())
+    return True
+
+
+def _wait_for_turn(
+    base: str, turn: _Turn, contended: contention.TableContention, policy: RetryPolicy
+) -> Steps[None]:
+    """Wait until every ticket before ours was served (or the queue stalls)."""
+    assert turn.ticket is not None
+    last_served, last_change = turn.served, time.monotonic()
+    began, ahead = last_change, turn.ticket - turn.served - 1
+    if ahead > 0:
+        log.debug("%s: ticket %d, %d ahead in the commit queue", base, turn.ticket, ahead)
+    while turn.ticket - turn.served - 1 > 0:
+        yield Sleep(contention.turn_wait(policy, contended, turn.ticket - turn.served - 1))
+        turns: Turns | None = yield ReadTurns(base)
+        if turns is None:
+            break
+        now = time.monotonic()
+        if turns.served > last_served:
+            contended.turns_served(turns.served - last_served, now - last_change)
+            last_served, last_change = turns.served, now
+        elif now - last_change > contention.stall_limit(contended):
+            # The holder ahead is slow or gone. Go anyway: the claim still decides,
+            # and serving our ticket moves the mark past a ticket nobody will serve.
+            log.debug(
+                "commit queue of %s stands at %d for %.1f s; ticket %d goes ahead",
+                base,
+                turns.served,
+                now - last_change,
+                turn.ticket,
+            )
+            turn.served = turns.served
+            break
+        turn.served = turns.served
+    turn.turn_began = time.monotonic()
+    if ahead > 0:
+        log.debug(
+            "%s: ticket %d's turn after %.3f s (%d ahead)",
+            base,
+            turn.ticket,
+            time.monotonic() - began,
+            ahead,
+        )
+
+
+def _write_transaction(
+    base: str,
+    ours: Transaction,
+    written_bytes: bytes,
+    written: list[str],
+    txn_pb: transaction_pb2.Transaction | None = None,
+) -> Steps[bytes]:
+    """Write our transaction file unless these very bytes were written already
+    (unchanged after a compatible loss: the file is reused). Returns the bytes."""
+    txn_pb = txn_pb if txn_pb is not None else ours.to_proto()
+    serialized: bytes = txn_pb.SerializeToString()
+    if serialized != written_bytes:
+        key = transaction_key(base, transaction_file_name(txn_pb))
+        yield PutObject(key, serialized)
+        written.append(key)
+    return serialized
+
+
+def _end_turn(names: Names, base: str, turn: _Turn) -> Steps[None]:
+    if turn.ticket is None:
+        return
+    ticket, turn.ticket = turn.ticket, None
+    try:
+        yield EndTurn(base, ticket)
+    except LancetxError as exc:  # the waiters behind go after their stall limit
+        log.warning(
+            "could not end turn %d in the commit queue of %s (%s)", ticket, names.uri(base), exc
+        )
 
 
 @dataclass
@@ -348,8 +467,10 @@ def _attempts(
     options: CommitOptions,
     written: list[str],
     counter: _Counter,
+    turn: _Turn,
 ) -> Steps[Committed]:
-    """The retry loop of :func:`commit_steps`; records what it writes in ``written``."""
+    """The retry loop of :func:`commit_steps`; records what it writes in ``written``
+    and its place in the table's commit queue in ``turn``."""
     uri = names.uri(base)
     shown = options.table_uri or uri
     policy = options.retry
@@ -364,6 +485,7 @@ def _attempts(
     started = began
     contended = contention.table_contention(uri)
     expected_contention = False
+    still_contended = False
 
     def event(outcome: EventOutcome, version: int | None) -> None:
         notify(
@@ -400,17 +522,25 @@ def _attempts(
             and current is not None
             and options.expected_version is None
         ):
-            # Writers of this process lost rounds on this table moments ago: let
-            # the losers' windows run a little (we may be the last winner,
+            # Writers of this process met contention on this table moments ago:
+            # queue up behind the writers already waiting (or, without a queue,
+            # let the losers' windows run a little: we may be the last winner,
             # holding the newest manifest), then look: our parent is likely
             # stale, and one Query is cheaper than staging, claiming, losing
             # and deleting.
-            yield Sleep(contention.yield_delay(policy, contended))
+            if (yield from _join_queue(base, turn, contended)):
+                # Our transaction file does not depend on the version we will
+                # claim: write it now, off the table's critical path.
+                txn_bytes = yield from _write_transaction(base, ours, txn_bytes, written)
+                yield from _wait_for_turn(base, turn, contended, policy)
+            else:
+                yield Sleep(contention.yield_delay(policy, contended))
             started = time.perf_counter()  # the attempt's slot does not include the wait
-            newer = yield from _load_newer(names, base, current.version)
+            newer = yield from _load_newer(names, base, current.version, ours=ours)
             if newer:
                 pending = newer
                 current = _newest_parent(newer)
+                still_contended = True
         if pending and current is not None:
             # 1. Judge ours against what was committed since: is it ours already?
             mine = next((p for p in pending if _is_ours(ours, p.transaction)), None)
@@ -467,12 +597,7 @@ def _attempts(
             transaction_file=transaction_file_name(txn_pb),
             restore_source=restore_source,
         )
-        serialized = txn_pb.SerializeToString()
-        if serialized != txn_bytes:  # unchanged after a compatible loss: reuse the file
-            key = transaction_key(base, transaction_file_name(txn_pb))
-            yield PutObject(key, serialized)
-            written.append(key)
-            txn_bytes = serialized
+        txn_bytes = yield from _write_transaction(base, ours, txn_bytes, written, txn_pb)
         # Lance writes an index section only when there are indices.
         indices = list(built.indices) or None
         data = encode_manifest(
@@ -483,7 +608,9 @@ def _attempts(
         scheme = current.location.scheme if current is not None else options.naming
         # 3. Claim.
         try:
-            location: ManifestLocation = yield ClaimVersion(base, next_version, data, scheme)
+            location: ManifestLocation = yield ClaimVersion(
+                base, next_version, data, scheme, _summary(ours), turn.ticket
+            )
         except CommitStateUnknownError as unknown:
             event("unknown", next_version)
             log.warning(
@@ -512,9 +639,31 @@ def _attempts(
                 raise ExpectedVersionMismatchError(uri, options.expected_version, latest) from None
             slot = time.perf_counter() - started
             contended.lost(time.monotonic(), slot)
+            still_contended = True
+            turn.turn_began = None  # a lost turn is not a measure of a turn's work
             log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
+            stale_parent = attempt == 1 and not expected_contention
+            if not stale_parent and (yield from _join_queue(base, turn, contended)):
+                # Contended: wait for our turn in the queue, then learn what was
+                # committed meanwhile (the winners of every turn before ours).
+                event("lost", next_version)
+                losses += 1
+                at_head = turn.ticket is not None and turn.ticket - turn.served - 1 <= 0
+                if at_head:
+                    # Our turn already, lost to a writer outside the queue
+                    # (pylance, or one that saw no contention): go again soon.
+                    yield Sleep(contention.delay(policy, 1, slot) / contention.FIRST_WINDOW_SLOTS)
+                else:
+                    yield from _wait_for_turn(base, turn, contended, policy)
+                newer = yield from _load_newer(
+                    names, base, current.version if current is not None else 0, ours=ours
+                )
+                if newer:
+                    pending = newer
+                    current = _newest_parent(newer)
+                continue
             newer = yield from _load_newer(
-                names, base, current.version if current is not None else 0
+                names, base, current.version if current is not None else 0, ours=ours
             )
             event("lost", next_version)
             if not newer:  # the winner is not visible yet: wait a whole window, then look again
@@ -532,6 +681,9 @@ def _attempts(
             losses += 1
             yield Sleep(contention.delay(policy, losses, slot))
             continue
+        if turn.ticket is not None and turn.turn_began is not None:
+            contended.worked(time.monotonic() - turn.turn_began)
+        turn.ticket = None  # served with the won claim
         manifest = ManifestFile(
             manifest=built.manifest,
             indices=indices,
@@ -541,6 +693,10 @@ def _attempts(
             size=len(data),
         )
         contended.committed(attempt - 1)
+        if still_contended:
+            # Others committed while we waited or tried: the next commit of this
+            # process should expect them too (and queue), however long this took.
+            contended.queued(time.monotonic())
         event("rebased" if rebased_any else "won", next_version)
         log.info(
             "%s: committed version %d (%s) in %d attempt(s), %.3f s%s",
@@ -750,48 +906,81 @@ def _load_one(
 
 
 def _load_newer(
-    names: Names, base: str, since: int, known: Parent | None = None
+    names: Names,
+    base: str,
+    since: int,
+    known: Parent | None = None,
+    ours: Transaction | None = None,
+    until: int | None = None,
 ) -> Steps[list[_Loaded]]:
-    """Versions committed after ``since``, with their transactions, loaded in parallel
-    (the newest with its manifest: it is the next parent).
+    """Versions committed after ``since`` (up to ``until``), with their transactions,
+    loaded in parallel (the newest with its manifest: it is the next parent).
+
+    A version whose entry carries a summary that already settles it against
+    ``ours`` — not ours, and compatible by the two operations' kinds alone — is
+    not read at all: under contention an Append then reads only the newest
+    manifest, not one per winner.
 
     Raises InvalidCommitError when a version in between is missing (cleaned up,
     or hidden by a stale listing): ours cannot be checked against it.
     """
     locations: list[ManifestLocation] = yield ListVersions(base, since)
-    if not locations:
+    if until is not None:
+        locations = [loc for loc in locations if loc.version <= until]
+    if not locations and until is None:
         return []
-    versions = [loc.version for loc in locations]
-    missing = sorted(set(range(since + 1, versions[-1] + 1)) - set(versions))
+    last = until if until is not None else locations[-1].version
+    missing = sorted(set(range(since + 1, last + 1)) - {loc.version for loc in locations})
     if missing:
         raise InvalidCommitError(
             names.uri(base),
-            f"version(s) {missing} between {since} and {versions[-1]} cannot be found (cleaned "
-            "up, or not listed yet), so concurrent commits cannot be checked against them; "
-            "re-read the table at its latest version and plan the transaction again",
+            f"version(s) {missing} between {since} and {last} cannot be found "
+            "(cleaned up, or not listed yet), so concurrent commits cannot be checked against "
+            "them; re-read the table at its latest version and plan the transaction again",
         )
     newest = locations[-1].version
-    loads = [_load_one(names, base, loc, need_manifest=loc.version == newest) for loc in locations]
+    loads = [
+        _load_one(names, base, loc, need_manifest=loc.version == newest, known=known)
+        for loc in locations
+        if loc.version == newest or not _settled_by_summary(ours, loc.summary)
+    ]
     loaded: list[_Loaded] = yield Gather(loads, LOAD_PARALLELISM)
     return sorted(loaded, key=lambda item: item.version)
 
 
 def _load_committed(
-    names: Names, base: str, since: int, until: int, known: Parent | None = None
+    names: Names,
+    base: str,
+    since: int,
+    until: int,
+    known: Parent | None = None,
+    ours: Transaction | None = None,
 ) -> Steps[list[_Loaded]]:
-    loaded = [
-        item
-        for item in (yield from _load_newer(names, base, since, known))
-        if item.version <= until
-    ]
-    if len(loaded) < until - since:  # contiguous from since + 1, but short of ``until``
-        missing = list(range(since + 1 + len(loaded), until + 1))
-        raise InvalidCommitError(
-            names.uri(base),
-            f"version(s) {missing} up to the parent {until} are not listed, so concurrent "
-            "commits cannot be checked against them; re-read the table and plan again",
-        )
-    return loaded
+    return (yield from _load_newer(names, base, since, known, ours, until))
+
+
+def _summary(ours: Transaction) -> TransactionSummary:
+    return TransactionSummary(
+        operation=ours.operation.name,
+        uuid=ours.uuid,
+        idempotency_key=ours.properties.get(IDEMPOTENCY_KEY) or None,
+    )
+
+
+def _settled_by_summary(ours: Transaction | None, summary: TransactionSummary | None) -> bool:
+    """Whether a committed version's summary alone shows it cannot matter to ours."""
+    if ours is None or summary is None:
+        return False
+    if summary.uuid == ours.uuid:
+        return False  # ours, committed by an earlier attempt: load it (deduplicated)
+    key = ours.properties.get(IDEMPOTENCY_KEY)
+    if key and summary.idempotency_key == key:
+        return False
+    try:
+        theirs = OperationKind(summary.operation)
+    except ValueError:
+        return False  # a kind this version of lancetx does not know: read it
+    return compatible_by_kind(ours.kind, theirs)
 
 
 def _read_fragments(

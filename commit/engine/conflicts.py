@@ -69,6 +69,7 @@ __all__ = [
     "cases",
     "classify",
     "classify_all",
+    "compatible_by_kind",
     "when",
 ]
 
@@ -1214,6 +1215,14 @@ def _advice(outcome: Outcome, ours: Transaction, where: str) -> str:
     if outcome is RETRYABLE:
         return f"re-read the table at {where} or later and retry the {verb}"
     return f"the {verb} cannot be applied on top of it; do not retry it unchanged"
+
+
+def compatible_by_kind(ours: OperationKind, theirs: OperationKind) -> bool:
+    """True when the rules find ours compatible with theirs whatever either holds
+    (an ``Always(COMPATIBLE)`` entry, e.g. an Append against an Append): theirs
+    need not be read to judge ours against it."""
+    rule = RULES[(ours, theirs)]
+    return isinstance(rule, Always) and rule.outcome is COMPATIBLE
 
 
 def classify(

@@ -1,10 +1,32 @@
-"""How long a writer that lost a round waits before its next attempt.
+"""How a writer that meets contention waits: its turn in a queue, or a random backoff.
 
-Each round has exactly one winner. If every loser retried at once, N writers
-would keep N claimants per round, and N - 1 of them would rebuild, re-stage
-and lose again: on a small machine they also steal the CPU the next winner
-needs. So a loser waits a random time (full jitter) from a window sized by
-what it measured:
+Each round of claims has exactly one winner. If every loser retried at once,
+N writers would keep N claimants per round, and N - 1 of them would rebuild,
+re-stage and lose again; on a small machine they also steal the CPU the next
+winner needs. Random backoff spreads them out but is unfair: a writer that
+lost often waits longest while fresh writers slip past it, which makes the
+tail (and so the time until the last writer is done) long.
+
+**The commit queue (handlers that keep one: DynamoDB).** A writer that meets
+contention — it lost a round that was not explained by a stale parent, or its
+process saw others commit or wait on this table moments ago — takes a ticket
+(one UpdateItem) and waits until every earlier ticket was served, looking at
+the queue (one GetItem) about three times per turn once the turn before its
+own has begun (:func:`turn_wait`; a turn's length is measured from how fast
+tickets are served). Its transaction file is written while it waits. When its
+turn comes it asks for the versions committed meanwhile (one Query; Appends
+are settled by the entries' summaries, so only the newest manifest is read),
+builds on the newest, stages and claims; the handler serves the ticket as soon
+as the claim is won, before copying and flipping, so the next writer's turn
+overlaps the end of this one. The queue is advisory: the conditional claim
+still decides. A writer outside it (pylance, or a lancetx writer that saw no
+contention) may win a round; the queued writer at the head then simply tries
+again after a short random wait. A queue that stands still for
+:func:`stall_limit` (its head died) is passed, and serving a later ticket
+skips the dead one.
+
+**Random backoff (handlers without a queue, or without the IAM action).** A
+loser waits a random time (full jitter) from a window sized by what it measured:
 
 * ``slot`` — how long its lost attempt took (the time one attempt occupies,
   which is also how long a competitor's attempt occupies the table);
@@ -18,30 +40,23 @@ the expected number of claimants per slot falls towards one within a few
 rounds whatever N is. The loss streak is the measure of contention, and a
 process remembers it per table (:class:`TableContention`): a commit on a table
 contended moments ago starts its backoff at the recent level (lost rounds per
-commit, moving average) instead of learning it again from four slots — under
-sustained contention every commit would otherwise lose its first rounds anew.
+commit, moving average) instead of learning it again from four slots.
 
 Tried and dropped: letting a writer that lost more than 4 rounds in a row
 retry within one slot (priority for the starving). With 16 writers most of
 them were "starving" at once and retried together: 6 claimants per round, 5
-retries per commit (``benchmarks/README.md``).
+retries per commit. Scaling the window by the number of versions that landed
+since the lost attempt's parent: that number mixes contention with staleness
+(a writer 128 versions behind is not competing with 128 writers).
 
-Tried and dropped: scaling the window by the number of versions that landed
-since the lost attempt's parent. That number mixes contention with staleness
-— a writer 128 versions behind is not competing with 128 writers — and made
-such a writer sleep up to ``max_delay`` before a retry that could not collide
-(``benchmarks/conflict_check.py``).
+A writer whose process met contention on the table recently asks for newer
+versions before its next first attempt, so a writer appending back to back
+under contention does not start each commit by staging a manifest that is
+already stale; without a queue it first waits a random part of one slot
+(:func:`yield_delay`): the last winner holds the newest manifest and would
+otherwise claim again before the losers' windows end.
 
-A writer that lost a round recently (in this process, on this table) asks for
-newer versions before its next first attempt (:class:`TableContention`), so a
-writer appending back to back under contention does not start each commit by
-staging a manifest that is already stale. It also first waits a random part of
-one slot (:func:`yield_delay`): the last winner holds the newest manifest and
-would otherwise claim again before the losers' windows end. (Waiting a whole
-loser's window instead did not shorten the tail and cost throughput:
-``benchmarks/README.md``.)
-
-The figures behind this choice are in ``benchmarks/README.md`` (contention matrix).
+The figures behind these choices are in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -86,7 +101,7 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost", "level", "slot")
+    __slots__ = ("last_lost", "level", "slot", "turn_interval", "turn_work")
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
@@ -95,10 +110,33 @@ class TableContention:
         #: Lost rounds per commit lately (moving average): where the next
         #: commit's backoff starts, instead of learning the contention again.
         self.level = 0.0
+        #: Seconds per turn of the table's commit queue lately (moving average).
+        self.turn_interval = 0.0
+        #: Seconds from our turn to our won claim lately (moving average): how
+        #: long the writer before us needs once its turn has come.
+        self.turn_work = 0.0
 
     def lost(self, now: float, slot: float) -> None:
         self.last_lost = now
         self.slot = slot
+
+    def queued(self, now: float) -> None:
+        """Others were waiting in the commit queue when we joined it: the table
+        is contended even though, thanks to the queue, nobody lost a round."""
+        self.last_lost = now
+
+    def worked(self, seconds: float) -> None:
+        """Our turn came and our claim was won ``seconds`` later."""
+        self.turn_work = seconds if self.turn_work == 0.0 else 0.5 * self.turn_work + 0.5 * seconds
+
+    def turns_served(self, turns: int, seconds: float) -> None:
+        """``turns`` tickets were served in ``seconds``."""
+        if turns <= 0:
+            return
+        measured = seconds / turns
+        self.turn_interval = (
+            measured if self.turn_interval == 0.0 else 0.5 * self.turn_interval + 0.5 * measured
+        )
 
     def committed(self, losses: int) -> None:
         self.level = 0.5 * self.level + 0.5 * losses
@@ -121,6 +159,44 @@ def yield_delay(
     return float((rng or random).uniform(0, span * policy.jitter))
 
 
+# ------------------------------------------------------------------ commit queue
+
+
+#: A turn's length before anything was measured (seconds).
+DEFAULT_TURN = 0.05
+#: Turns without progress after which a waiter stops waiting for the ticket ahead.
+STALL_TURNS = 8
+#: ...but never sooner than this (seconds): a live holder may be slow for a while.
+MIN_STALL = 1.0
+
+
+def turn_length(contended: TableContention) -> float:
+    """How long one writer's turn lasts on this table, as measured."""
+    return contended.turn_interval or contended.slot or DEFAULT_TURN
+
+
+def turn_wait(policy: RetryPolicy, contended: TableContention, ahead: int) -> float:
+    """The wait before looking at the queue again with ``ahead`` tickets before ours.
+
+    Both are measured in *work*: how long a turn takes from its start to the
+    won claim (our own turns, measured), not the observed time between turns —
+    that includes the idle gaps of late looks, and sleeping by it would make
+    every gap longer than the last. Far back: until the turn before ours would
+    begin if every turn were pure work (early rather than late: an early look
+    costs one small read, a late one leaves the table idle). Next in line: a
+    third of a turn, so the table idles a sixth of a turn between two on average."""
+    work = contended.turn_work or turn_length(contended)
+    if ahead > 1:
+        return float(min(policy.max_delay, (ahead - 1) * work))
+    return float(min(policy.max_delay, work / 3))
+
+
+def stall_limit(contended: TableContention) -> float:
+    """How long the queue may stand still before a waiter goes anyway (its holder
+    may have died; serving ours then moves the mark past its ticket)."""
+    return max(MIN_STALL, STALL_TURNS * turn_length(contended))
+
+
 _tables: dict[str, TableContention] = {}
 _tables_lock = threading.Lock()
 
@@ -136,11 +212,17 @@ def table_contention(table_uri: str) -> TableContention:
 
 __all__ = [
     "CONTENDED_FOR",
+    "DEFAULT_TURN",
     "FIRST_WINDOW_SLOTS",
     "LEVEL_CAP",
+    "MIN_STALL",
+    "STALL_TURNS",
     "TableContention",
     "delay",
+    "stall_limit",
     "table_contention",
+    "turn_length",
+    "turn_wait",
     "window",
     "yield_delay",
 ]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit.errors import LancetxError
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
@@ -122,6 +122,32 @@ class ClaimVersion:
     version: int
     manifest: bytes
     scheme: NamingScheme
+    summary: TransactionSummary | None = None
+    #: Our commit-queue ticket, served once the claim is won (by the handler
+    #: before it finishes the commit when it can, else by the driver after it).
+    ticket: int | None = None
+
+
+@dataclass(frozen=True)
+class TakeTicket:
+    """Join the table's commit queue (result: Turns, or None without a queue)."""
+
+    base: str
+
+
+@dataclass(frozen=True)
+class ReadTurns:
+    """The table's commit queue (result: Turns, or None without a queue)."""
+
+    base: str
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    """Our turn with ``ticket`` is over (result: None)."""
+
+    base: str
+    ticket: int
 
 
 # --------------------------------------------------------------------- control
@@ -166,6 +192,9 @@ Effect = (
     | ListVersions
     | ReadManifest
     | ClaimVersion
+    | TakeTicket
+    | ReadTurns
+    | EndTurn
     | Sleep
     | Gather
     | WithStore
@@ -278,8 +307,17 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return handler.list_versions(base, since)
             case ReadManifest(base, location):
                 return handler.read_manifest(base, location)
-            case ClaimVersion(base, version, manifest, scheme):
-                return handler.commit(base, version, manifest, scheme)
+            case ClaimVersion(base, version, manifest, scheme, summary, ticket):
+                location = handler.commit(base, version, manifest, scheme, summary, ticket)
+                if ticket is not None and not handler.serves_ticket_on_claim:
+                    handler.end_turn(base, ticket)
+                return location
+            case TakeTicket(base):
+                return handler.take_ticket(base)
+            case ReadTurns(base):
+                return handler.read_turns(base)
+            case EndTurn(base, ticket):
+                return handler.end_turn(base, ticket)
         raise TypeError(f"unknown effect {effect!r}")
 
     def one(sub: Steps[Any]) -> _Outcome:
@@ -313,6 +351,15 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
         last = result if isinstance(result, _Outcome) else _Outcome(result)
 
 
+async def _claim_async(handler: AsyncCommitHandler, effect: ClaimVersion) -> ManifestLocation:
+    location = await handler.commit(
+        effect.base, effect.version, effect.manifest, effect.scheme, effect.summary, effect.ticket
+    )
+    if effect.ticket is not None and not handler.serves_ticket_on_claim:
+        await handler.end_turn(effect.base, effect.ticket)
+    return location
+
+
 async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
     """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
     store = handler.store
@@ -326,7 +373,10 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ResolveVersion: lambda e: handler.resolve_version(e.base, e.version),
         ListVersions: lambda e: handler.list_versions(e.base, e.since),
         ReadManifest: lambda e: handler.read_manifest(e.base, e.location),
-        ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme),
+        ClaimVersion: lambda e: _claim_async(handler, e),
+        TakeTicket: lambda e: handler.take_ticket(e.base),
+        ReadTurns: lambda e: handler.read_turns(e.base),
+        EndTurn: lambda e: handler.end_turn(e.base, e.ticket),
         Sleep: lambda e: asyncio.sleep(e.seconds),
     }
 
@@ -406,6 +456,7 @@ __all__ = [
     "ClaimVersion",
     "DeleteObject",
     "Effect",
+    "EndTurn",
     "Gather",
     "GetObject",
     "GetRange",
@@ -414,10 +465,12 @@ __all__ = [
     "Names",
     "PutObject",
     "ReadManifest",
+    "ReadTurns",
     "ResolveLatest",
     "ResolveVersion",
     "Sleep",
     "Steps",
+    "TakeTicket",
     "WithStore",
     "run",
     "run_async",

@@ -3,9 +3,25 @@ an external manifest store hands to a reader."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lancetx.commit.format.naming import NamingScheme
+
+
+@dataclass(frozen=True)
+class TransactionSummary:
+    """What a version's transaction is, told by whoever claimed the version
+    (lancetx stores it in the external store's entry, next to the manifest's path).
+
+    Enough to judge ours against it when the conflict rules decide by the two
+    operations' kinds alone (an Append against an Append), and to tell whether
+    it is ours (same uuid or idempotency key) — without reading its manifest.
+    ``operation`` is the spec's name (``"Append"``).
+    """
+
+    operation: str
+    uuid: str
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -15,6 +31,9 @@ class ManifestLocation:
     ``alternate_key`` is where the same bytes are found if ``key`` is gone: a
     staged manifest (``…manifest-{uuid}``) is deleted once it has been copied to
     its final name, so a reader that lost that race reads the final name.
+
+    ``summary`` is the version's transaction in brief, when the store that
+    located it holds one (entries claimed by lancetx do; pylance's do not).
     """
 
     version: int
@@ -23,3 +42,4 @@ class ManifestLocation:
     size: int | None = None
     etag: str | None = None
     alternate_key: str | None = None
+    summary: TransactionSummary | None = field(default=None, compare=False)

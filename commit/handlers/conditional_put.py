@@ -23,7 +23,7 @@ from lancetx.commit.errors import (
     VersionNotFoundError,
 )
 from lancetx.commit.format.listing import latest_manifest_location, list_manifest_locations
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.handlers.interface import (
     CommitHandler,
@@ -71,10 +71,18 @@ class ConditionalPutCommitHandler(CommitHandler):
         return [loc for loc in list_manifest_locations(self.store, base) if loc.version > since]
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """Create the final manifest of ``version`` if absent (after probing, once per
-        process and bucket, that the store does not ignore If-None-Match)."""
+        process and bucket, that the store does not ignore If-None-Match). The store
+        has no place for ``summary``: readers load transactions from manifests."""
+        del summary, ticket
         if self.probe:
             probe_conditional_put(self.store, base)
         key = manifest_key(base, version, scheme)

@@ -10,10 +10,11 @@ conditional PUT on S3 that supports it, or a conditional PutItem in DynamoDB
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lancetx.commit.errors import CommitError, ObjectNotFoundError
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import (
     ManifestFile,
     check_reader_flags,
@@ -59,6 +60,17 @@ class CommitStateUnknownError(CommitError):
         )
 
 
+@dataclass(frozen=True)
+class Turns:
+    """A table's commit queue as last seen: how many tickets were handed out
+    (``issued``, the newest ticket) and the highest ticket whose holder's commit
+    has ended (``served``). The holder of ticket ``t`` is next when
+    ``served >= t - 1``. See :mod:`lancetx.commit.engine.contention`."""
+
+    issued: int
+    served: int
+
+
 class CommitHandler(abc.ABC):
     """Resolves manifest locations and claims new versions for tables in one object store.
 
@@ -67,6 +79,8 @@ class CommitHandler(abc.ABC):
     """
 
     store: ObjectStore
+    #: Whether :meth:`commit` serves the ``ticket`` it is given (once the claim is won).
+    serves_ticket_on_claim: bool = False
 
     @abc.abstractmethod
     def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -82,17 +96,48 @@ class CommitHandler(abc.ABC):
 
     @abc.abstractmethod
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """Make ``manifest`` (already encoding ``version``) the manifest of
         ``version``, atomically. Raises VersionAlreadyExistsError if another
-        writer holds ``version``; CommitStateUnknownError if that cannot be told."""
+        writer holds ``version``; CommitStateUnknownError if that cannot be told.
+        ``summary`` is the transaction in brief; a handler whose store can keep
+        it next to the claim does (later :meth:`list_versions` return it), so
+        concurrent writers can often judge conflicts without reading manifests.
+        ``ticket`` is the caller's ticket in the table's commit queue: a handler
+        with a queue serves it as soon as the claim is won, before finishing the
+        commit, so the next writer in line can start (see :meth:`take_ticket`)."""
 
     def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
         """The manifest at ``location`` (one this handler resolved). A handler that
         knows where locations come from may check them and explain failures."""
         del base
         return read_manifest_at(self.store, location)
+
+    # A commit queue is optional: writers under contention take a ticket and wait
+    # for their turn instead of colliding. A handler without one returns None and
+    # the loop backs off at random instead. Advisory only: a version is still
+    # claimed by :meth:`commit` alone, and errors here must not fail a commit.
+
+    def take_ticket(self, base: str) -> Turns | None:
+        """Join the table's commit queue: the queue with our ticket as ``issued``."""
+        del base
+        return None
+
+    def read_turns(self, base: str) -> Turns | None:
+        """The table's commit queue as it stands."""
+        del base
+        return None
+
+    def end_turn(self, base: str, ticket: int) -> None:
+        """Our commit with ``ticket`` ended (won, refused or given up): the next may go."""
+        del base, ticket
 
 
 class AsyncCommitHandler(abc.ABC):
@@ -105,6 +150,8 @@ class AsyncCommitHandler(abc.ABC):
     """
 
     store: AsyncObjectStore
+    #: See :attr:`CommitHandler.serves_ticket_on_claim`.
+    serves_ticket_on_claim: bool = False
 
     @abc.abstractmethod
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -120,9 +167,29 @@ class AsyncCommitHandler(abc.ABC):
 
     @abc.abstractmethod
     async def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`CommitHandler.commit`."""
+
+    async def take_ticket(self, base: str) -> Turns | None:
+        """See :meth:`CommitHandler.take_ticket`."""
+        del base
+        return None
+
+    async def read_turns(self, base: str) -> Turns | None:
+        """See :meth:`CommitHandler.read_turns`."""
+        del base
+        return None
+
+    async def end_turn(self, base: str, ticket: int) -> None:
+        """See :meth:`CommitHandler.end_turn`."""
+        del base, ticket
 
     async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
         """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file)."""

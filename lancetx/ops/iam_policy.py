@@ -26,8 +26,10 @@ S3_READ = ["s3:GetObject"]
 S3_WRITE = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
 DDB_READ = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query"]
 DDB_WRITE = [*DDB_READ, "dynamodb:PutItem"]
+#: Writers also take turns in the table's commit queue under contention (UpdateItem).
+DDB_WRITER = [*DDB_WRITE, "dynamodb:UpdateItem"]
 DDB_CLI = [
-    *DDB_WRITE,
+    *DDB_WRITER,
     "dynamodb:DeleteItem",
     "dynamodb:CreateTable",
     "dynamodb:UpdateContinuousBackups",
@@ -90,7 +92,7 @@ def iam_policies(
     ]
     cli = [_statement("TableObjects", S3_WRITE, [objects]), listing]
     if ddb:
-        writer.append(_statement("ManifestItems", DDB_WRITE, ddb))
+        writer.append(_statement("ManifestItems", DDB_WRITER, ddb))
         reader.append(_statement("ManifestItems", DDB_WRITE, ddb))
         cli.append(_statement("ManifestItems", DDB_CLI, ddb))
     return IamPolicies(table.uri, policy(writer), policy(reader), policy(cli))

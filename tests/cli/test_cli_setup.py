@@ -170,6 +170,8 @@ def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
         "dynamodb:DeleteItem", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
     }  # fmt: skip
     assert doctor_probes <= actions(out.json["cli"])
+    assert "dynamodb:UpdateItem" in actions(out.json["writer"])  # the commit queue
+    assert "dynamodb:UpdateItem" not in actions(out.json["reader"])
     assert "dynamodb:DeleteItem" not in actions(out.json["writer"])
     assert "dynamodb:CreateTable" not in actions(out.json["writer"])
     assert "s3:PutObject" in actions(out.json["reader"])  # readers finalize staged versions...

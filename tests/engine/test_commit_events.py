@@ -26,7 +26,7 @@ from engine_helpers import (
 
 from lancetx.commit.engine.committer import CommitOptions, commit_transaction
 from lancetx.commit.engine.events import CommitEvent
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitStateUnknownError
 
@@ -85,7 +85,13 @@ def test_an_unknown_outcome_is_a_warning_and_an_event(
 ) -> None:
     class Unclear(LosingHandler):
         def commit(
-            self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+            self,
+            base: str,
+            version: int,
+            manifest: bytes,
+            scheme: NamingScheme,
+            summary: TransactionSummary | None = None,
+            ticket: int | None = None,
         ) -> ManifestLocation:
             raise CommitStateUnknownError(self.store.uri(base), version, "token", "timed out")
 

@@ -30,7 +30,7 @@ from protocol_helpers import (
     pylance_create,
 )
 
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.handlers.interface import VersionAlreadyExistsError
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
@@ -198,7 +198,13 @@ class CapturingHandler(ExternalStoreCommitHandler):
     captured: list[tuple[int, bytes]]
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         self.captured.append((version, manifest))
         raise Crash(0, None)

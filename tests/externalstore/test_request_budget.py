@@ -13,10 +13,13 @@ starts. Budgets:
 * a cold open of the latest version: one Query plus one GET;
 * a lost race: one Query and one GET for the winner's manifest, no LIST, no HEAD;
   the attempt after it re-stages and claims without rewriting the transaction
-  file (pinned per attempt through the commit observer); K winners cost one
-  Query and K GETs;
-* a writer whose process lost a round on the table moments ago asks for newer
-  versions (one Query) before staging, instead of losing its first claim;
+  file (pinned per attempt through the commit observer); K lancetx Append
+  winners cost one Query and one GET (their entries' summaries settle them),
+  K pylance winners one Query and K GETs, and an Overwrite among them is read;
+* a writer whose process lost a round on the table moments ago takes a ticket
+  in the commit queue (one UpdateItem), asks for newer versions (one Query)
+  before staging instead of losing its first claim, and serves its ticket as
+  soon as its claim is won (one UpdateItem);
 * connecting sends nothing; the first read is its own requests plus the checks beside
   it; no DescribeTable after the first use in a process;
 * an append by a writer holding its parent, counted on the server with pylance's
@@ -26,6 +29,7 @@ starts. Budgets:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -35,16 +39,25 @@ from protocol_helpers import (
     RequestLog,
     ServerLog,
     batch,
+    create_transaction,
     ddb_uri,
     ensure_ddb_table,
     lancetx_append,
+    pylance_append,
     pylance_create,
 )
 
 import lancetx
 from lancetx.commit.engine import contention
-from lancetx.commit.engine.committer import CommitOptions, Committed, Parent, load_parent
+from lancetx.commit.engine.committer import (
+    CommitOptions,
+    Committed,
+    Parent,
+    commit_transaction,
+    load_parent,
+)
 from lancetx.commit.engine.events import CommitEvent
+from lancetx.commit.errors import IncompatibleConflictError
 from lancetx.commit.format.manifest import read_manifest_at
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.aws_clients import clear_client_cache
@@ -259,15 +272,52 @@ def test_each_attempt_after_a_lost_append_race_costs_pinned_requests(
     assert [e.requests for e in events] == [4, 1]
 
 
-def test_k_winners_cost_one_query_and_k_gets(counted: Counted, no_recent_contention: None) -> None:
+def test_k_append_winners_cost_one_query_and_one_get(
+    counted: Counted, no_recent_contention: None
+) -> None:
+    # The winners' entries say "Append" (and their uuids): an Append is compatible
+    # with them by kind alone, so only the newest manifest (the next parent) is read.
     parent = load_parent(counted.handler, counted.conn.base)
     winners(counted, 3)
     counted.log.clear()
     ours = append(counted, "loser", 0, parent)
     assert ours.version == 5 and ours.attempts == 2
     ops = counted.ops()
-    assert ops.count("Query") == 1 and ops.count("GetObject") == 3, ops
+    assert ops.count("Query") == 1 and ops.count("GetObject") == 1, ops
     assert ops.count("PutItem") == 3 and ops.count("PutObject") == 3, ops  # 1 lost claim
+
+
+def test_k_pylance_winners_cost_one_query_and_k_gets(
+    counted: Counted, no_recent_contention: None
+) -> None:
+    # pylance's entries carry no summary: each winner's transaction is read.
+    parent = load_parent(counted.handler, counted.conn.base)
+    for seq in range(3):
+        pylance_append(counted.conn.uri, counted.options, batch("pylance", seq, ROWS))
+    counted.log.clear()
+    ours = append(counted, "loser", 0, parent)
+    assert ours.version == 5 and ours.attempts == 2
+    ops = counted.ops()
+    assert ops.count("Query") == 1 and ops.count("GetObject") == 3, ops
+
+
+def test_an_overwrite_winner_is_read_and_refuses_the_append(
+    counted: Counted, no_recent_contention: None
+) -> None:
+    # Append vs Overwrite is not decided by kind alone in ours' favour: the
+    # summary must not let the loser skip it.
+    parent = load_parent(counted.handler, counted.conn.base)
+    other = connect(counted.conn.uri, counted.options)
+    replacement = create_transaction(other.data_uri, counted.options, batch("w", 0, ROWS))
+    commit_transaction(other.handler, other.base, dataclasses.replace(replacement, read_version=1))
+    lancetx_append(other.handler, other.base, other.data_uri, counted.options, batch("w", 1, ROWS))
+    overwrite, after = other.handler.list_versions(other.base, 1)
+    assert overwrite.summary is not None and overwrite.summary.operation == "Overwrite"
+    assert after.summary is not None and after.summary.operation == "Append"
+    counted.log.clear()
+    with pytest.raises(IncompatibleConflictError, match="Overwrite"):
+        append(counted, "loser", 0, parent)
+    assert counted.ops().count("GetObject") == 2  # the Overwrite's manifest, and the newest
 
 
 def test_after_a_lost_round_the_next_commit_looks_before_it_stages(
@@ -283,7 +333,21 @@ def test_after_a_lost_round_the_next_commit_looks_before_it_stages(
     second = append(counted, "loser", 1, first)
 
     assert second.attempts == 1 and second.version == first.version + 2
-    assert counted.ops() == ["Query", "GetObject", *COMMIT]  # no staged-then-lost manifest
+    # Contended moments ago: it queues (a ticket; nobody is ahead here), writes its
+    # transaction file while it would wait, then looks for newer versions before
+    # staging — no staged-then-lost manifest — and serves its ticket at the end.
+    assert counted.ops() == [
+        "UpdateItem",
+        "PutObject",
+        "Query",
+        "GetObject",
+        "PutObject",
+        "PutItem",
+        "UpdateItem",  # served right after the claim, before copy and flip
+        "CopyObject",
+        "PutItem",
+        "DeleteObject",
+    ]
 
 
 def test_without_recent_contention_the_holder_of_its_parent_reads_nothing(

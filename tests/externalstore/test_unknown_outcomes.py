@@ -19,7 +19,7 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import load_parent
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.handlers.interface import (
     CommitHandler,
@@ -130,7 +130,13 @@ class StaleWinnerHandler(CommitHandler):
         return self.inner.list_versions(base, since)
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         self.attempts.append(version)
         if self.others is not None:
@@ -138,7 +144,7 @@ class StaleWinnerHandler(CommitHandler):
             run_others()
             stale = ManifestLocation(version - 1, manifest_key(base, version - 1, scheme), scheme)
             raise VersionAlreadyExistsError(self.store.uri(base), version, winner=stale)
-        return self.inner.commit(base, version, manifest, scheme)
+        return self.inner.commit(base, version, manifest, scheme, summary, ticket)
 
 
 def test_a_stale_winner_still_converges(

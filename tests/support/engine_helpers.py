@@ -41,7 +41,7 @@ from lancetx.commit.errors import RetriesExhaustedError
 from lancetx.commit.format import naming
 from lancetx.commit.format.deletion import write_deletion_vector
 from lancetx.commit.format.fragments import fragment_from_pylance
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.format.snapshot import Snapshot
 from lancetx.commit.handlers.interface import CommitHandler, VersionAlreadyExistsError
@@ -234,7 +234,13 @@ class LosingHandler(CommitHandler):
         return self.inner.list_versions(base, since)
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
         self.attempts.append(version)
         if self.losses > 0:
@@ -243,7 +249,7 @@ class LosingHandler(CommitHandler):
         if self.before_commit is not None:
             hook, self.before_commit = self.before_commit, None  # once
             hook(version)
-        return self.inner.commit(base, version, manifest, scheme)
+        return self.inner.commit(base, version, manifest, scheme, summary, ticket)
 
 
 @dataclass

@@ -41,7 +41,7 @@ from lancetx.commit.engine.committer import (
 from lancetx.commit.engine.operations import Append, Overwrite, Transaction
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import fragment_from_pylance
-from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.commit.format.snapshot import load_snapshot
@@ -132,9 +132,15 @@ class CrashingHandler(ExternalStoreCommitHandler):
         self.effects: list[Effect] = []
 
     def commit(
-        self, base: str, version: int, manifest: bytes, scheme: NamingScheme
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+        ticket: int | None = None,
     ) -> ManifestLocation:
-        steps = commit_steps(Table(base, base), version, scheme, manifest)
+        steps = commit_steps(Table(base, base), version, scheme, manifest, summary=summary)
         outcome: CommitOutcome = run(
             recording(crash_after(steps, self.crash_after), self.effects),
             self.store,

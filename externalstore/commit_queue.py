@@ -1,0 +1,123 @@
+"""A table's commit queue in DynamoDB: first come, first served under contention.
+
+Each round of claims has exactly one winner. Without coordination, writers
+under contention collide, back off at random and collide again; a writer that
+lost often waits longest (its window doubled) while fresh writers slip past it.
+The queue gives them an order instead:
+
+* a writer that meets contention takes a ticket — one ``UpdateItem`` adding 1
+  to the table's ``issued`` counter, which returns the new value (our ticket)
+  and ``served``;
+* it waits until ``served >= ticket - 1`` (every ticket before it served),
+  looking with a consistent ``GetItem`` about twice per measured turn;
+* when its commit ends — won, refused or given up — it serves its ticket: one
+  ``UpdateItem`` setting ``served`` to the ticket if that is higher.
+
+Invariants:
+
+* Advisory only. A version is claimed by the conditional ``PutItem`` alone;
+  the queue decides who *tries* when, never who wins. pylance writers and
+  lancetx writers that saw no contention do not queue and may win rounds in
+  between; a queued writer then learns the winner and tries again.
+* Nobody waits for a dead writer forever: a waiter whose queue stands still
+  for a stall limit (several turns, at least a second) goes anyway, and
+  ``served`` only moves up (``max``), so a ticket nobody will serve is skipped
+  as soon as any later one is served.
+* Uncontended commits never touch the queue.
+
+Item: ``base_uri`` = the table's ``base_uri`` + :data:`QUEUE_SUFFIX`,
+``version`` = 0, attributes ``issued`` (N) and ``served`` (N). Lance and
+pylance only query their table's own ``base_uri``, so they never see it.
+Needs ``dynamodb:UpdateItem`` (and ``GetItem``); without it the handler stops
+queueing and falls back to random backoff (see
+:class:`~lancetx.externalstore.commit_handler.ExternalStoreCommitHandler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from lancetx.commit.handlers.interface import Turns
+from lancetx.externalstore.dynamodb import (
+    ApiCall,
+    Plan,
+    PlanContext,
+    _ConditionFailed,
+    call_plan,
+    key_of,
+)
+
+#: Appended to a table's ``base_uri`` to key its queue item.
+QUEUE_SUFFIX = "#lancetx-commit-queue"
+ISSUED = "issued"
+SERVED = "served"
+
+__all__ = [
+    "ISSUED",
+    "QUEUE_SUFFIX",
+    "SERVED",
+    "end_turn_plan",
+    "is_queue_key",
+    "read_turns_plan",
+    "take_ticket_plan",
+]
+
+
+def is_queue_key(base_uri: str) -> bool:
+    """Whether a ``base_uri`` is a commit queue's, not a table's."""
+    return base_uri.endswith(QUEUE_SUFFIX)
+
+
+def _key(base_uri: str) -> dict[str, Any]:
+    return key_of(base_uri + QUEUE_SUFFIX, 0)
+
+
+def _turns(item: Mapping[str, Any] | None) -> Turns:
+    def number(name: str) -> int:
+        value = (item or {}).get(name)
+        if isinstance(value, Mapping) and str(value.get("N", "")).isdigit():
+            return int(value["N"])
+        return 0
+
+    return Turns(issued=number(ISSUED), served=number(SERVED))
+
+
+def take_ticket_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
+    """One UpdateItem: the next ticket (``issued``) and the current ``served``."""
+    params = {
+        "TableName": ctx.table,
+        "Key": _key(base_uri),
+        "UpdateExpression": "ADD #issued :one",
+        "ExpressionAttributeNames": {"#issued": ISSUED},
+        "ExpressionAttributeValues": {":one": {"N": "1"}},
+        "ReturnValues": "ALL_NEW",
+    }
+    # A retried ADD whose first answer was lost hands out a ticket nobody holds:
+    # harmless, the waiters behind it skip it after the stall limit.
+    response = yield from call_plan(ctx, ApiCall("UpdateItem", params), write=True)
+    return _turns(response.get("Attributes"))
+
+
+def read_turns_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
+    """One consistent GetItem of the queue item (an absent item is an empty queue)."""
+    params = {"TableName": ctx.table, "Key": _key(base_uri), "ConsistentRead": True}
+    response = yield from call_plan(ctx, ApiCall("GetItem", params))
+    return _turns(response.get("Item"))
+
+
+def end_turn_plan(ctx: PlanContext, base_uri: str, ticket: int) -> Plan[None]:
+    """One UpdateItem raising ``served`` to ``ticket`` (never lowering it)."""
+    params = {
+        "TableName": ctx.table,
+        "Key": _key(base_uri),
+        "UpdateExpression": "SET #served = :ticket",
+        "ConditionExpression": "attribute_not_exists(#served) OR #served < :ticket",
+        "ExpressionAttributeNames": {"#served": SERVED},
+        "ExpressionAttributeValues": {":ticket": {"N": str(int(ticket))}},
+    }
+    # A condition failure means a later ticket was served already: nothing to do.
+    with contextlib.suppress(_ConditionFailed):
+        yield from call_plan(ctx, ApiCall("UpdateItem", params), write=True)
+    return None

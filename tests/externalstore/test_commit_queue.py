@@ -1,0 +1,188 @@
+"""The commit queue in DynamoDB (``externalstore/commit_queue.py``), on the moto server.
+
+* Tickets count up; ``served`` only ever moves up; the queue item is invisible
+  to pylance and to the table's own entries.
+* A writer that meets contention takes a ticket and claims only once every
+  ticket before it was served, then serves its own.
+* A ticket nobody serves (its writer died) holds the queue up for the stall
+  limit only; serving a later ticket skips it.
+* A ticket is served as soon as its claim is won (before the copy and flip).
+* Without ``dynamodb:UpdateItem`` the commit still lands (random backoff) and
+  the warning names the action.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import lance
+import pytest
+from protocol_helpers import (
+    RequestLog,
+    batch,
+    ddb_uri,
+    ensure_ddb_table,
+    lancetx_append,
+    pylance_create,
+)
+
+from lancetx.commit.engine import contention
+from lancetx.commit.engine.committer import CommitOptions, Committed, load_parent
+from lancetx.commit.engine.events import CommitEvent
+from lancetx.commit.handlers.interface import Turns
+from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+from lancetx.externalstore.commit_queue import QUEUE_SUFFIX
+from lancetx.externalstore.connect import TableConnection, connect
+from lancetx.externalstore.dynamodb import DynamoDBManifestStore
+from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.errors import AccessDeniedError
+
+ROWS = 10
+
+
+@dataclass
+class Queued:
+    conn: TableConnection
+    options: dict[str, str]
+    log: RequestLog
+
+    @property
+    def handler(self) -> ExternalStoreCommitHandler:
+        handler = self.conn.handler
+        assert isinstance(handler, ExternalStoreCommitHandler)
+        return handler
+
+    @property
+    def entries(self) -> DynamoDBManifestStore:
+        entries = self.handler.entries
+        assert isinstance(entries, DynamoDBManifestStore)
+        return entries
+
+    def append(self, seq: int, options: CommitOptions | None = None) -> Committed:
+        return lancetx_append(
+            self.handler,
+            self.conn.base,
+            self.conn.data_uri,
+            self.options,
+            batch("queued", seq, ROWS),
+            None,
+            options,
+        )
+
+
+@pytest.fixture
+def queued(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Queued]:
+    monkeypatch.setattr(contention, "_tables", {})  # no contention remembered from other tests
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "queue.lance", ddb_table_name)
+    pylance_create(uri, options, batch("setup", 0, ROWS))
+    conn = connect(uri, options)
+    log = RequestLog()
+    log.attach(conn.handler.entries.client, "dynamodb")  # type: ignore[attr-defined]
+    yield Queued(conn, options, log)
+
+
+def contended(queued: Queued) -> None:
+    """As if this process had just met contention on the table."""
+    uri = queued.handler.store.uri(queued.conn.base)
+    contention.table_contention(uri).queued(time.monotonic())
+
+
+def test_tickets_count_up_and_served_never_moves_down(queued: Queued) -> None:
+    entries, base = queued.entries, queued.conn.base
+    assert entries.read_turns(base) == Turns(issued=0, served=0)  # no item yet
+    assert entries.take_ticket(base) == Turns(issued=1, served=0)
+    assert entries.take_ticket(base) == Turns(issued=2, served=0)
+    entries.end_turn(base, 2)
+    entries.end_turn(base, 1)  # late: must not move the mark back
+    assert entries.read_turns(base) == Turns(issued=2, served=2)
+    assert entries.take_ticket(base) == Turns(issued=3, served=2)
+
+
+def test_the_queue_item_is_invisible_to_the_table_and_to_pylance(queued: Queued) -> None:
+    entries, base = queued.entries, queued.conn.base
+    entries.take_ticket(base)
+    assert [e.version for e in entries.list_entries(base)] == [1]
+    assert entries.latest(base) is not None and entries.latest(base).version == 1  # type: ignore[union-attr]
+    assert not any(e.base_uri.endswith(QUEUE_SUFFIX) for e in entries.list_entries(base))
+    ds = lance.dataset(queued.conn.uri, storage_options=queued.options)
+    assert ds.version == 1 and ds.count_rows() == ROWS
+
+
+def test_a_contended_writer_claims_only_after_the_tickets_before_it(queued: Queued) -> None:
+    entries, base = queued.entries, queued.conn.base
+    ahead = entries.take_ticket(base).issued  # another writer waits before us
+    served_at: list[float] = []
+
+    def other_writer_finishes() -> None:
+        time.sleep(0.4)
+        served_at.append(time.monotonic())
+        entries.end_turn(base, ahead)
+
+    contended(queued)
+    claims: list[float] = []
+
+    def observe(event: CommitEvent) -> None:
+        claims.append(time.monotonic())
+
+    finisher = threading.Thread(target=other_writer_finishes)
+    finisher.start()
+    queued.log.clear()
+    committed = queued.append(0, CommitOptions(observer=observe))
+    finisher.join()
+
+    assert committed.version == 2 and committed.attempts == 1
+    assert served_at and claims[0] >= served_at[0]  # waited for its turn
+    ops = queued.log.operations()
+    assert ops.index("UpdateItem") < ops.index("PutItem")  # a ticket before any claim
+    assert "GetItem" in ops  # looked at the queue while waiting
+    # Served its ticket as soon as its claim was won, before the pointer flip:
+    # the next writer in line starts while this one finishes.
+    assert ops[-3:] == ["PutItem", "UpdateItem", "PutItem"]
+    assert entries.read_turns(base) == Turns(issued=ahead + 1, served=ahead + 1)
+
+
+def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(contention, "MIN_STALL", 0.3)
+    entries, base = queued.entries, queued.conn.base
+    dead = entries.take_ticket(base).issued  # its writer died holding it
+    contended(queued)
+    began = time.monotonic()
+    committed = queued.append(0)
+    waited = time.monotonic() - began
+
+    assert committed.version == 2
+    assert waited >= 0.3  # it did wait for the dead ticket...
+    assert waited < 10  # ...but not for long
+    # Serving ours moved the mark past the dead ticket: nobody waits for it again.
+    assert entries.read_turns(base) == Turns(issued=dead + 1, served=dead + 1)
+
+
+def test_without_update_item_the_commit_lands_and_the_warning_names_the_action(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def denied(base_uri: str) -> Turns:
+        raise AccessDeniedError(
+            "dynamodb:UpdateItem", "arn:aws:dynamodb:::table/t", "AccessDeniedException", "no"
+        )
+
+    monkeypatch.setattr(queued.entries, "take_ticket", denied)
+    contended(queued)
+    with caplog.at_level(logging.WARNING, logger="lancetx.externalstore.commit_handler"):
+        first = queued.append(0)
+        second = queued.append(1)
+    assert (first.version, second.version) == (2, 3)
+    warnings = [r.getMessage() for r in caplog.records if "commit queue" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once: the handler stops asking
+    assert "dynamodb:UpdateItem" in warnings[0]
+    parent = load_parent(queued.handler, queued.conn.base)
+    assert parent is not None and parent.version == 3
