@@ -38,6 +38,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -85,8 +86,10 @@ class Measurement:
     seconds: list[float] = field(default_factory=list)
     #: lancetx only: what its boto3 clients sent, per run (botocore events).
     client_side: list[Counter[str]] = field(default_factory=list)
-    #: lancetx cold opens only: seconds the child's connect() took (client building).
+    #: Cold opens: seconds the child's connect() took (lancetx: client building)
+    #: and CPU seconds of the whole open.
     connect_seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
 
     def mean(self, select: Callable[[Request], bool] = lambda r: True) -> float:
         return statistics.fmean(sum(1 for r in run if select(r)) for run in self.runs)
@@ -123,6 +126,7 @@ class Measurement:
             "seconds": self.seconds,
             "client_side_check": self.client_check(),
             "connect_seconds": self.connect_seconds,
+            "cpu_seconds": self.cpu_seconds,
         }
 
 
@@ -158,8 +162,10 @@ class System:
         self.reader: lance.LanceDataset | None = None
         #: Set by actions whose duration is measured elsewhere (the cold-open child).
         self.reported_seconds: float | None = None
-        #: Cold opens: how long the child's connect() (building the clients) took.
+        #: Cold opens: how long the child's connect() (building the clients) took,
+        #: and the CPU time of the whole open (less sensitive to machine load).
         self.connect_seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
 
     def _data(self) -> Any:
         self.seq += 1
@@ -231,11 +237,13 @@ class System:
         reported = json.loads(result.stdout)
         self.reported_seconds = float(reported["seconds"])
         self.connect_seconds.append(float(reported["connect_seconds"]))
+        self.cpu_seconds.append(float(reported["cpu_seconds"]))
 
 
 def child_open(system: str, uri: str, options: dict[str, str]) -> int:
     """Run in a fresh process: open the latest version once, print the time as JSON."""
     connecting = 0.0
+    cpu = time.process_time()
     with Stopwatch() as watch:
         if system.startswith("lancetx"):
             with Stopwatch() as building:
@@ -245,7 +253,8 @@ def child_open(system: str, uri: str, options: dict[str, str]) -> int:
                 return 1
         else:
             lance.dataset(uri, storage_options=options)
-    print(json.dumps({"seconds": watch.seconds, "connect_seconds": connecting}))
+    cpu = time.process_time() - cpu  # every thread's: pylance's runtime, our checks
+    print(json.dumps({"seconds": watch.seconds, "cpu_seconds": cpu, "connect_seconds": connecting}))
     return 0
 
 
@@ -276,8 +285,9 @@ def measure(system: System, scenario: str, repeats: int, counter: ServerCounter)
         result.seconds.append(watch.seconds if seconds is None else seconds)
         if system.lancetx and scenario != "open-cold":
             result.client_side.append(system.botocore.take())
-    if scenario == "open-cold" and system.lancetx:
+    if scenario == "open-cold":
         result.connect_seconds = system.connect_seconds[-repeats:]
+        result.cpu_seconds = system.cpu_seconds[-repeats:]
     return result
 
 
@@ -386,16 +396,34 @@ def report(results: Sequence[Measurement]) -> str:
             ),
             "",
         ]
-    cold = [m for m in results if m.scenario == "open-cold" and m.connect_seconds]
+    cold = [m for m in results if m.scenario == "open-cold" and m.cpu_seconds]
     if cold:
+        rows_cold = [
+            [
+                m.system,
+                fmt(m.median_ms()),
+                fmt(statistics.median(m.cpu_seconds) * 1000),
+                fmt(statistics.median(m.connect_seconds) * 1000)
+                if m.system.startswith("lancetx")
+                else "-",
+            ]
+            for m in cold
+        ]
+        cpu = {m.system: statistics.median(m.cpu_seconds) for m in cold}
+        ratios = [
+            f"{ours} / {theirs}: CPU {cpu[ours] / cpu[theirs]:.2f}"
+            for ours, theirs in BASELINE.items()
+            if ours in cpu and theirs in cpu and cpu[theirs]
+        ]
         out += [
-            "Fresh-process opens, of which building boto3 clients (median ms): "
-            + "; ".join(
-                f"{m.system}: {fmt(statistics.median(m.connect_seconds) * 1000)} of "
-                f"{fmt(m.median_ms())}"
-                for m in cold
+            "### Fresh-process opens (median of the runs; time measured inside the child)",
+            "",
+            markdown_table(
+                ["system", "wall ms", "CPU ms (all threads)", "of which connect() (clients) ms"],
+                rows_cold,
             ),
             "",
+            *([("CPU ratio " + "; ".join(ratios)), ""] if ratios else []),
         ]
     checks = [f"{m.scenario}/{m.system}: {m.client_check()}" for m in results if m.client_side]
     if checks:

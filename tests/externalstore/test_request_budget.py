@@ -58,7 +58,7 @@ from lancetx.commit.engine.committer import (
 )
 from lancetx.commit.engine.events import CommitEvent
 from lancetx.commit.errors import IncompatibleConflictError
-from lancetx.commit.format.manifest import read_manifest_at
+from lancetx.commit.format.manifest import read_manifest_at, serialized_for_pylance
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.commit.storage.s3store import S3Config
@@ -466,3 +466,21 @@ def test_table_appends_open_pylance_from_the_held_manifest(
     fresh = lance.dataset(uri, storage_options=options)
     assert fresh.version == 4 and fresh.count_rows() == 4 * ROWS
     assert fresh.schema == table.to_table().schema
+
+
+def test_pylance_opened_from_a_committed_manifest_is_pylance_reading_the_file(
+    table_uri: tuple[str, dict[str, str]],
+) -> None:
+    """The manifest lancetx hands pylance after its own commit (never read back) carries
+    the file's section positions: pylance sees the same indices and transaction."""
+    uri, options = table_uri
+    table = lancetx.open(uri, storage_options=options)
+    table.create_index("seq", "BTREE")
+    version = table.append(batch("t", 1, ROWS))
+    held = table._state.parent  # what the Table committed, as the commit loop built it
+    assert held is not None and held.version == version
+
+    from_file = lance.dataset(uri, version=version, storage_options=options)
+    assert serialized_for_pylance(held.manifest) == from_file._ds.serialized_manifest()
+    names = [i.name for i in table.dataset.describe_indices()]
+    assert names and names == [i.name for i in from_file.describe_indices()]
