@@ -1,7 +1,7 @@
 """Spark write throughput: the ``lancetx`` data source against Spark's own Parquet writer.
 
 One local-mode session, one cached DataFrame (int64 id, int32, double, string,
-128-d float embedding), each sink written ``--repeat`` times, best run kept:
+128-d float embedding), every sink written once per round (``--repeat`` rounds, order rotated):
 
 * ``parquet-local``   Spark's native Parquet writer to a local path (the bar);
 * ``lancetx-local``   this data source to a local path (one commit per job);
@@ -100,14 +100,30 @@ def _frame(spark: Any, rows: int, partitions: int) -> Any:
     )
 
 
-def _timed(runs: int, prepare: Callable[[], None], write: Callable[[], None]) -> list[float]:
-    times = []
-    for _ in range(runs):
-        prepare()
-        started = time.perf_counter()
-        write()
-        times.append(time.perf_counter() - started)
+def _rounds(
+    runs: int, sinks: dict[str, tuple[Callable[[], None], Callable[[], None]]]
+) -> dict[str, list[float]]:
+    """Time every sink once per round, rotating the order each round.
+
+    The machine is shared: load comes and goes within a minute. Running the
+    sinks back to back inside each round (instead of all runs of one sink, then
+    the next) exposes them to the same load, so per-round ratios are fair.
+    """
+    names = list(sinks)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(runs):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            prepare, write = sinks[name]
+            prepare()
+            started = time.perf_counter()
+            write()
+            times[name].append(time.perf_counter() - started)
     return times
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,22 +161,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         df.limit(1000).write.format("lancetx").mode("overwrite").option(
             "vector_columns", "emb:128"
         ).save(lance_path)
-        results["parquet-local"] = _timed(
-            args.repeat, clean(parquet), lambda: df.write.mode("overwrite").parquet(parquet)
-        )
-        results["lancetx-local"] = _timed(
-            args.repeat,
-            clean(lance_path),
-            lambda: (
-                df.write.format("lancetx")
-                .mode("append")
-                .option("vector_columns", "emb:128")
-                .save(lance_path)
+        df.limit(1000).write.format("null_python").mode("append").save()
+        sinks: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+            "parquet-local": (
+                clean(parquet),
+                lambda: df.write.mode("overwrite").parquet(parquet),
             ),
-        )
-        results["null-python"] = _timed(
-            args.repeat, lambda: None, lambda: df.write.format("null_python").mode("append").save()
-        )
+            "lancetx-local": (
+                clean(lance_path),
+                lambda: (
+                    df.write.format("lancetx")
+                    .mode("append")
+                    .option("vector_columns", "emb:128")
+                    .save(lance_path)
+                ),
+            ),
+            "null-python": (
+                lambda: None,
+                lambda: df.write.format("null_python").mode("append").save(),
+            ),
+        }
+        results.update(_rounds(args.repeat, sinks))
         if not args.skip_s3:
             with EmbeddedAws(legacy_s3=True) as aws:
                 s3 = boto3.client("s3", **aws.client_kwargs())
@@ -177,16 +198,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"s3+ddb://bench/t-{uuid.uuid4().hex[:8]}.lance?ddbTableName={table}"
                     )
 
-                results["lancetx-s3+ddb"] = _timed(
-                    args.repeat,
-                    fresh,
-                    lambda: (
-                        df.write.format("lancetx")
-                        .mode("append")
-                        .options(**options)
-                        .option("vector_columns", "emb:128")
-                        .save(uris[-1])
-                    ),
+                results.update(
+                    _rounds(
+                        args.repeat,
+                        {
+                            "lancetx-s3+ddb": (
+                                fresh,
+                                lambda: (
+                                    df.write.format("lancetx")
+                                    .mode("append")
+                                    .options(**options)
+                                    .option("vector_columns", "emb:128")
+                                    .save(uris[-1])
+                                ),
+                            )
+                        },
+                    )
                 )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -197,9 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     null_best = best["null-python"]
     print(
         f"\n{args.rows:,} rows (id, int, double, string, 128-d float32 embedding), "
-        f"{args.partitions} partitions, best of {args.repeat}; Python {platform.python_version()}\n"
+        f"{args.partitions} partitions, {args.repeat} rounds; Python {platform.python_version()}\n"
     )
-    print("| sink | best s | median s | rows/s | rows/s vs Parquet | time vs null writer |")
+    print("| sink | best s | median s | rows/s (best) | rows/s vs Parquet | time vs null writer |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, times in results.items():
         print(
@@ -207,6 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.rows / best[name]:,.0f} | {parquet_best / best[name]:.2f} | "
             f"{best[name] / null_best:.2f} |"
         )
+    # Ratios within each round (same load), then their median and range.
+    lance_times = results["lancetx-local"]
+    vs_parquet = [p / t for p, t in zip(results["parquet-local"], lance_times, strict=True)]
+    vs_null = [t / n for t, n in zip(lance_times, results["null-python"], strict=True)]
+    print(
+        f"\nper round, median (min-max): lancetx-local rows/s vs Parquet {_spread(vs_parquet)}; "
+        f"time vs null writer {_spread(vs_null)}"
+    )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(

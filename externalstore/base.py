@@ -207,8 +207,9 @@ class ExternalManifestStore(abc.ABC):
             "commit queue", type(self).__name__, "this external store keeps no commit queue"
         )
 
-    def end_turn(self, base_uri: str, ticket: int) -> None:
-        """Serve ``ticket``: raise the queue's ``served`` mark to it (never lower it)."""
+    def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
+        """Serve ``ticket`` (whose holder claimed ``version``, if it did): raise the
+        queue's ``served`` mark to it (never lower it)."""
         raise UnsupportedOperationError(
             "commit queue", type(self).__name__, "this external store keeps no commit queue"
         )
@@ -266,7 +267,7 @@ class AsyncExternalManifestStore(abc.ABC):
             "commit queue", type(self).__name__, "this external store keeps no commit queue"
         )
 
-    async def end_turn(self, base_uri: str, ticket: int) -> None:
+    async def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
         """See :meth:`ExternalManifestStore.end_turn`."""
         raise UnsupportedOperationError(
             "commit queue", type(self).__name__, "this external store keeps no commit queue"

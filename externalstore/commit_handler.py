@@ -186,8 +186,8 @@ class ExternalStoreCommitHandler(CommitHandler):
     def read_turns(self, base: str) -> Turns | None:
         return self._queue.call(lambda: self.entries.read_turns(base), base, self.entries)
 
-    def end_turn(self, base: str, ticket: int) -> None:
-        self._queue.call(lambda: self.entries.end_turn(base, ticket), base, self.entries)
+    def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
+        self._queue.call(lambda: self.entries.end_turn(base, ticket, version), base, self.entries)
 
     def _run(self, steps: Steps[T], base: str) -> T:
         def action() -> T:
@@ -242,7 +242,7 @@ class ExternalStoreCommitHandler(CommitHandler):
             base,
         )
         if ticket is not None:
-            self.end_turn(base, ticket)
+            self.end_turn(base, ticket, version)
         outcome = self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
@@ -317,9 +317,9 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
             lambda: self.entries.read_turns(base), base, self.entries
         )
 
-    async def end_turn(self, base: str, ticket: int) -> None:
+    async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
         await self._queue.call_async(
-            lambda: self.entries.end_turn(base, ticket), base, self.entries
+            lambda: self.entries.end_turn(base, ticket, version), base, self.entries
         )
 
     async def _run(self, steps: Steps[T], base: str) -> T:
@@ -361,7 +361,7 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
             base,
         )
         if ticket is not None:
-            await self.end_turn(base, ticket)
+            await self.end_turn(base, ticket, version)
         outcome = await self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location

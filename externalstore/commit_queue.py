@@ -26,7 +26,9 @@ Invariants:
 * Uncontended commits never touch the queue.
 
 Item: ``base_uri`` = the table's ``base_uri`` + :data:`QUEUE_SUFFIX`,
-``version`` = 0, attributes ``issued`` (N) and ``served`` (N). Lance and
+``version`` = 0, attributes ``issued`` (N), ``served`` (N) and
+``served_version`` (N: the version the holder of ticket ``served`` claimed),
+``served_at`` (N, epoch milliseconds: when it was served). Lance and
 pylance only query their table's own ``base_uri``, so they never see it.
 Needs ``dynamodb:UpdateItem`` (and ``GetItem``); without it the handler stops
 queueing and falls back to random backoff (see
@@ -36,6 +38,7 @@ queueing and falls back to random backoff (see
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,11 +56,15 @@ from lancetx.externalstore.dynamodb import (
 QUEUE_SUFFIX = "#lancetx-commit-queue"
 ISSUED = "issued"
 SERVED = "served"
+SERVED_VERSION = "served_version"
+SERVED_AT = "served_at"
 
 __all__ = [
     "ISSUED",
     "QUEUE_SUFFIX",
     "SERVED",
+    "SERVED_AT",
+    "SERVED_VERSION",
     "end_turn_plan",
     "is_queue_key",
     "read_turns_plan",
@@ -81,7 +88,12 @@ def _turns(item: Mapping[str, Any] | None) -> Turns:
             return int(value["N"])
         return 0
 
-    return Turns(issued=number(ISSUED), served=number(SERVED))
+    return Turns(
+        issued=number(ISSUED),
+        served=number(SERVED),
+        served_version=number(SERVED_VERSION),
+        served_at=number(SERVED_AT) / 1000.0,
+    )
 
 
 def take_ticket_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
@@ -107,15 +119,30 @@ def read_turns_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
     return _turns(response.get("Item"))
 
 
-def end_turn_plan(ctx: PlanContext, base_uri: str, ticket: int) -> Plan[None]:
-    """One UpdateItem raising ``served`` to ``ticket`` (never lowering it)."""
+def end_turn_plan(
+    ctx: PlanContext, base_uri: str, ticket: int, version: int | None = None
+) -> Plan[None]:
+    """One UpdateItem raising ``served`` to ``ticket`` (never lowering it), with the
+    version its holder claimed, if it did (the next holder watches for a newer one)."""
+    names = {"#served": SERVED, "#served_at": SERVED_AT}
+    values: dict[str, Any] = {
+        ":ticket": {"N": str(int(ticket))},
+        # Milliseconds: waiters on other machines time the next turn from it
+        # (clocks a few ms apart only shift one sleep by as much).
+        ":now": {"N": str(int(time.time() * 1000))},
+    }
+    update = "SET #served = :ticket, #served_at = :now"
+    if version is not None:
+        names["#served_version"] = SERVED_VERSION
+        values[":version"] = {"N": str(int(version))}
+        update += ", #served_version = :version"
     params = {
         "TableName": ctx.table,
         "Key": _key(base_uri),
-        "UpdateExpression": "SET #served = :ticket",
+        "UpdateExpression": update,
         "ConditionExpression": "attribute_not_exists(#served) OR #served < :ticket",
-        "ExpressionAttributeNames": {"#served": SERVED},
-        "ExpressionAttributeValues": {":ticket": {"N": str(int(ticket))}},
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
     }
     # A condition failure means a later ticket was served already: nothing to do.
     with contextlib.suppress(_ConditionFailed):

@@ -1108,7 +1108,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
         return self._run(read_turns_plan(self._ctx, base_uri))
 
-    def end_turn(self, base_uri: str, ticket: int) -> None:
+    def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
         from lancetx.externalstore.commit_queue import end_turn_plan
 
-        self._run(end_turn_plan(self._ctx, base_uri, ticket))
+        self._run(end_turn_plan(self._ctx, base_uri, ticket, version))

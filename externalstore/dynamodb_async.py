@@ -223,5 +223,5 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
     async def read_turns(self, base_uri: str) -> Turns:
         return await self._run(read_turns_plan(self._ctx, base_uri))
 
-    async def end_turn(self, base_uri: str, ticket: int) -> None:
-        await self._run(end_turn_plan(self._ctx, base_uri, ticket))
+    async def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
+        await self._run(end_turn_plan(self._ctx, base_uri, ticket, version))

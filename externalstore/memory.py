@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -75,6 +76,15 @@ class _Fault:
     remaining: int
 
 
+def _turns(queue: list[float]) -> Turns:
+    return Turns(
+        issued=int(queue[0]),
+        served=int(queue[1]),
+        served_version=int(queue[2]),
+        served_at=queue[3],
+    )
+
+
 class MemoryManifestStore(ExternalManifestStore):
     """A thread-safe in-memory external manifest store (``name`` appears in errors)."""
 
@@ -82,8 +92,8 @@ class MemoryManifestStore(ExternalManifestStore):
         self.name = name
         self._lock = threading.RLock()
         self._tables: dict[str, dict[int, ManifestEntry]] = {}
-        #: Commit queues: base_uri -> [issued, served].
-        self._queues: dict[str, list[int]] = {}
+        #: Commit queues: base_uri -> [issued, served, served_version, served_at].
+        self._queues: dict[str, list[float]] = {}
         self._faults: dict[str, collections.deque[_Fault]] = collections.defaultdict(
             collections.deque
         )
@@ -255,21 +265,23 @@ class MemoryManifestStore(ExternalManifestStore):
     def take_ticket(self, base_uri: str) -> Turns:
         self._begin("take_ticket")
         with self._lock:
-            queue = self._queues.setdefault(base_uri, [0, 0])
+            queue = self._queues.setdefault(base_uri, [0, 0, 0, 0.0])
             queue[0] += 1
-            return Turns(issued=queue[0], served=queue[1])
+            return _turns(queue)
 
     def read_turns(self, base_uri: str) -> Turns:
         self._begin("read_turns")
         with self._lock:
-            issued, served = self._queues.get(base_uri, [0, 0])
-            return Turns(issued=issued, served=served)
+            return _turns(self._queues.get(base_uri, [0, 0, 0, 0.0]))
 
-    def end_turn(self, base_uri: str, ticket: int) -> None:
+    def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
         self._begin("end_turn")
         with self._lock:
-            queue = self._queues.setdefault(base_uri, [0, 0])
-            queue[1] = max(queue[1], ticket)
+            queue = self._queues.setdefault(base_uri, [0, 0, 0, 0.0])
+            if ticket > queue[1]:
+                queue[1] = ticket
+                queue[2] = max(queue[2], version or 0)
+                queue[3] = time.time()
 
     def as_async(self) -> AsyncMemoryManifestStore:
         """An asyncio view sharing this store's state and faults."""
@@ -313,5 +325,5 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
     async def read_turns(self, base_uri: str) -> Turns:
         return self.store.read_turns(base_uri)
 
-    async def end_turn(self, base_uri: str, ticket: int) -> None:
-        self.store.end_turn(base_uri, ticket)
+    async def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
+        self.store.end_turn(base_uri, ticket, version)

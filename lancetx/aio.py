@@ -57,7 +57,7 @@ from lancetx.externalstore.uri import parse_ddb_uri
 from lancetx.history import VersionInfo
 from lancetx.state import TableState
 from lancetx.table import Table, TableVerbs, _args
-from lancetx.verbs.writing import FragmentsPlan, WritePlan
+from lancetx.verbs.writing import WritePlan, fragments_verb
 from lancetx.writer import AsyncTableWriter, TableWriter
 
 if TYPE_CHECKING:
@@ -143,7 +143,9 @@ async def _drive(
         send, error = None, None
         try:
             if isinstance(effect, FindKey):
-                send = await asyncio.to_thread(state.find_idempotency_key, effect.key)
+                send = await asyncio.to_thread(
+                    state.find_idempotency_key, effect.key, since=effect.since
+                )
             elif isinstance(effect, LoadLatest):
                 send = await _load_latest(state, handler)
             elif isinstance(effect, RunPlan):
@@ -353,20 +355,30 @@ async def commit_fragments(
     properties: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
     expected_version: int | None = None,
+    fresh_field_ids: bool = False,
+    merge_schema: bool = False,
+    null_counts: Mapping[str, int] | None = None,
+    idempotency_since: int = 0,
+    commit_timeout: float | None = None,
 ) -> CommitResult:
     """The async :func:`lancetx.commit_fragments`."""
-    if mode not in ("append", "overwrite"):
-        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
-    state = await asyncio.to_thread(TableState.connect, uri, storage_options)
-    plan = FragmentsPlan(uri, list(fragments), schema, overwrite=mode == "overwrite")
-    return await run_verb_async(
-        state,
-        plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
-        VerbFlags(
-            replannable=mode == "overwrite", reusable=True, needs_table=False, owns_data=False
-        ),
+    verb = fragments_verb(
+        uri,
+        fragments,
+        schema=schema,
+        mode=mode,
+        commit_message=commit_message,
+        properties=properties,
+        idempotency_key=idempotency_key,
+        expected_version=expected_version,
+        fresh_field_ids=fresh_field_ids,
+        merge_schema=merge_schema,
+        null_counts=null_counts,
+        idempotency_since=idempotency_since,
+        commit_timeout=commit_timeout,
     )
+    state = await asyncio.to_thread(TableState.connect, uri, storage_options)
+    return await run_verb_async(state, *verb)
 
 
 __all__ = ["AsyncTable", "commit_fragments", "connect", "open", "run_verb_async", "write_table"]

@@ -38,6 +38,7 @@ from lancetx.commit.engine.operations import (
     Transaction,
     Update,
 )
+from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.errors import (
     DatasetNotFoundError,
     ExpectedVersionMismatchError,
@@ -80,21 +81,30 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class CommitArgs:
-    """The caller's metadata and strictness for one commit (every verb takes these)."""
+    """The caller's metadata and strictness for one commit (every verb takes these).
+
+    ``idempotency_since``: versions up to this one cannot hold ``idempotency_key``
+    (e.g. the table's version when a job with a fresh key started), so the look-up
+    before the first attempt skips them. ``retry``: the commit loop's budget
+    (default: :class:`RetryPolicy`'s five minutes).
+    """
 
     commit_message: str | None = None
     properties: Mapping[str, str] | None = None
     idempotency_key: str | None = None
     expected_version: int | None = None
+    idempotency_since: int = 0
+    retry: RetryPolicy | None = None
 
     def options(self, table_uri: str | None = None) -> CommitOptions:
-        return CommitOptions(
+        options = CommitOptions(
             properties=dict(self.properties or {}),
             commit_message=self.commit_message,
             expected_version=self.expected_version,
             idempotency_key=self.idempotency_key,
             table_uri=table_uri,
         )
+        return options if self.retry is None else dataclasses.replace(options, retry=self.retry)
 
 
 @dataclass
@@ -207,9 +217,10 @@ def should_replan(
 
 @dataclass(frozen=True)
 class FindKey:
-    """Effect: the version committed with this idempotency key, or None."""
+    """Effect: the version committed with this idempotency key after ``since``, or None."""
 
     key: str
+    since: int = 0
 
 
 @dataclass(frozen=True)
@@ -269,7 +280,7 @@ def verb_steps(
 ) -> Generator[Effect, Any, CommitResult]:
     """The whole verb as steps: the sync and async drivers only perform the effects."""
     if args.idempotency_key is not None:
-        found = yield FindKey(args.idempotency_key)
+        found = yield FindKey(args.idempotency_key, args.idempotency_since)
         if found is not None:
             log.info(
                 "%s: idempotency key %r already committed as version %d",
@@ -411,7 +422,7 @@ def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) 
         send, error = None, None
         try:
             if isinstance(effect, FindKey):
-                send = state.find_idempotency_key(effect.key)
+                send = state.find_idempotency_key(effect.key, since=effect.since)
             elif isinstance(effect, LoadLatest):
                 send = load_parent(conn.handler, conn.base)
             elif isinstance(effect, RunPlan):

@@ -70,6 +70,16 @@ class SchemaMismatchError(TableError):
         )
 
 
+class ColumnMismatchError(SchemaMismatchError):
+    """One column of the data does not fit the table; ``column`` is its dotted path
+    (a list's items are ``[]``, a map's entries ``{}``) and ``problem`` says how."""
+
+    def __init__(self, uri: str, column: str, problem: str) -> None:
+        super().__init__(uri, f"column {column!r}: {problem}")
+        self.column = column
+        self.problem = problem
+
+
 class UnsupportedInputError(TableError, TypeError):
     """An object of a kind this verb cannot take (e.g. a pylance operation that
     lancetx cannot convert). Also a TypeError. Nothing was written."""
@@ -138,6 +148,7 @@ class WriterClosedError(TableError):
 
 
 __all__ = [
+    "ColumnMismatchError",
     "ForeignFragmentError",
     "InvalidPredicateError",
     "PylanceCommitsItselfError",

@@ -102,8 +102,10 @@ class TableState:
             self._infos.update((info.version, info) for info in loaded)
             return [self._infos[loc.version] for loc in locations]
 
-    def find_idempotency_key(self, key: str, horizon: int | None = None) -> int | None:
-        """The newest version committed with idempotency ``key``, or None.
+    def find_idempotency_key(
+        self, key: str, horizon: int | None = None, *, since: int = 0
+    ) -> int | None:
+        """The newest version after ``since`` committed with idempotency ``key``, or None.
 
         Looks at the newest ``horizon`` versions (default
         :data:`IDEMPOTENCY_HORIZON`; None in the call means the default, 0 means all),
@@ -114,7 +116,10 @@ class TableState:
 
         handler, base = self.conn.handler, self.conn.base
         limit = IDEMPOTENCY_HORIZON if horizon is None else horizon
-        locations = sorted(handler.list_versions(base, 0), key=lambda loc: -loc.version)
+        locations = sorted(
+            (loc for loc in handler.list_versions(base, since) if loc.version > since),
+            key=lambda loc: -loc.version,
+        )
         if limit:
             locations = locations[:limit]
         for start in range(0, len(locations), HISTORY_PARALLELISM):

@@ -29,7 +29,7 @@ from lancetx.verbs.maintenance import (
 )
 from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
 from lancetx.verbs.rows import plan_delete, plan_update
-from lancetx.verbs.writing import FragmentsPlan, WritePlan
+from lancetx.verbs.writing import WritePlan, fragments_verb
 
 R = TypeVar("R")
 
@@ -608,23 +608,46 @@ def commit_fragments(
     properties: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
     expected_version: int | None = None,
+    fresh_field_ids: bool = False,
+    merge_schema: bool = False,
+    null_counts: Mapping[str, int] | None = None,
+    idempotency_since: int = 0,
+    commit_timeout: float | None = None,
 ) -> CommitResult:
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
     created; a creator that loses the race to another one appends instead. Every data
-    file must already be in the table's ``data/`` directory (ForeignFragmentError)."""
-    if mode not in ("append", "overwrite"):
-        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
-    state = TableState.connect(uri, storage_options)
-    plan = FragmentsPlan(uri, list(fragments), schema, overwrite=mode == "overwrite")
-    return run_verb(
-        state,
-        plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
-        VerbFlags(
-            replannable=mode == "overwrite", reusable=True, needs_table=False, owns_data=False
-        ),
+    file must already be in the table's ``data/`` directory (ForeignFragmentError).
+
+    Fragments written as a new dataset of ``schema`` (``write_fragments(uri,
+    mode="overwrite")``, as writers that cannot open the table do) need
+    ``fresh_field_ids=True``: an append then maps their field ids onto the table's by
+    column path (any column order), refuses a column whose type differs
+    (ColumnMismatchError naming it) and, given ``null_counts`` (nulls written per
+    top-level column), nulls in a non-nullable column. ``merge_schema=True`` adds
+    the columns the table lacks, nullable, in the same commit (a Merge).
+
+    With ``idempotency_key`` an earlier commit carrying the key is returned
+    (``deduplicated``) instead of committing again; ``idempotency_since`` skips the
+    versions known not to hold it. ``commit_timeout`` bounds how long lost races are
+    retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
+    call again with the same key to settle it."""
+    verb = fragments_verb(
+        uri,
+        fragments,
+        schema=schema,
+        mode=mode,
+        commit_message=commit_message,
+        properties=properties,
+        idempotency_key=idempotency_key,
+        expected_version=expected_version,
+        fresh_field_ids=fresh_field_ids,
+        merge_schema=merge_schema,
+        null_counts=null_counts,
+        idempotency_since=idempotency_since,
+        commit_timeout=commit_timeout,
     )
+    return run_verb(TableState.connect(uri, storage_options), *verb)
 
 
 __all__ = [

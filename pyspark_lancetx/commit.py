@@ -1,72 +1,54 @@
 """The driver side of a Spark write: ONE transaction per job (or per micro-batch).
 
-This is the only module of the data source that commits. A job's tasks report
-fragments written with fresh field ids; :func:`commit_job` turns them into one
-Append (or Overwrite, or — with ``merge_schema`` and new columns — one Merge
-that adds the columns and the fragments together) and claims the next version
-through the table's commit handler (DynamoDB for ``s3+ddb://``).
+A job's tasks report fragments written as a new dataset (fresh field ids).
+:func:`commit_job` hands them to the front door, :func:`lancetx.commit_fragments`,
+which commits them as one Append (or Overwrite, or — with ``merge_schema`` and new
+columns — one Merge adding the columns and the fragments together): field ids
+mapped onto the table's by column path, a table that does not exist yet created
+strictly (of racing creators one wins, the others append), lost races retried by
+the commit loop, and the job's idempotency key (the Spark job id, or stream id +
+batch id) looked for so a job is never committed twice.
 
-Every attempt is *strict*: it claims exactly ``latest + 1`` for the version it
-planned against. A lost race comes back here, so each round
+What this module adds is the job's view of the outcome:
 
-1. reads the latest version;
-2. looks for the job's idempotency key in every version committed since the
-   last look (``lancetx.idempotency_key`` in the transaction properties): found
-   means the job already committed — an earlier attempt whose answer was lost,
-   a replayed streaming batch, or a re-run with the same ``job_id``;
-3. plans the transaction against that version (field ids mapped onto the
-   table's by column path; a table that does not exist yet is created by an
-   Overwrite at version 1 — of racing creators one wins and the others append,
-   provided their columns match);
-4. commits it, strictly.
+* an unknown outcome (the claim may have landed, the answer was lost) is settled
+  by committing again with the same key until the job's time budget runs out —
+  the front door then finds the version that holds the key instead of committing
+  twice; after such an attempt no data file is deleted (a version may reference
+  it), and an unsettled outcome is a typed :class:`JobCommitUnknownError`;
+* a definite failure (schema mismatch, budget exhausted) removes the job's files;
+* a job found already committed (a re-run with the same ``job_id``, a replayed
+  micro-batch) removes the files no version references.
 
-An attempt whose outcome cannot be told (``CommitStateUnknownError``) is
-settled by step 2 on the next round; until the job's time budget runs out the
-commit keeps going, and it never deletes a data file after such an attempt
-(the version may reference them). A definite failure (schema mismatch,
-budget exhausted without any uncertain attempt) removes the job's files.
-
-Streams: a micro-batch is keyed by stream id (the query id, stable across
-restarts from one checkpoint) and batch id, and a stream's newest committed
-batch is found by scanning history newest-first until the stream's last commit
-(Delta's ``txnAppId``/``txnVersion`` idea, in one transaction per batch).
+Streams: a micro-batch is keyed by stream id (the query id, stable across restarts
+from one checkpoint) and batch id. Before committing, the stream's newest commit
+is looked up (history newest-first, stopping there): a batch id at or beyond ours
+means ours is in (Delta's ``txnAppId``/``txnVersion`` idea, in one transaction per
+batch).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lancetx.commit.engine.committer import (
-    CommitOptions,
-    Parent,
-    commit_transaction,
-    load_parent,
-)
-from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transaction
-from lancetx.commit.errors import (
-    ExpectedVersionMismatchError,
-    LancetxError,
-    TransientObjectStoreError,
-)
-from lancetx.commit.format.fragments import fragment_from_json
+from lancetx.commit.engine.committer import IDEMPOTENCY_KEY, load_parent
+from lancetx.commit.errors import LancetxError, RetriesExhaustedError, TransientObjectStoreError
 from lancetx.commit.format.manifest import read_manifest_at
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.errors import ColumnMismatchError
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.errors import (
     EndpointUnreachableError,
     ServiceUnavailableError,
     ThrottledError,
 )
-from lancetx.protos import table_pb2
-from pyspark_lancetx.errors import JobCommitTimeoutError, JobCommitUnknownError
-from pyspark_lancetx.schema import field_id_map, lance_fields, match_table, merged_fields
+from pyspark_lancetx.errors import JobCommitTimeoutError, JobCommitUnknownError, SparkSchemaError
 from pyspark_lancetx.write_task import (
     TaskOutput,
     WritePlan,
@@ -76,8 +58,8 @@ from pyspark_lancetx.write_task import (
 
 log = logging.getLogger(__name__)
 
-#: Transaction property keys this data source writes.
-IDEMPOTENCY_KEY = "lancetx.idempotency_key"
+#: Transaction property keys this data source writes (the idempotency key is the
+#: commit loop's own, ``lancetx.idempotency_key``).
 JOB_ID_KEY = "lancetx.spark.job_id"
 ROWS_KEY = "lancetx.spark.rows"
 STREAM_ID_KEY = "lancetx.spark.stream_id"
@@ -86,6 +68,7 @@ BATCH_ID_KEY = "lancetx.spark.batch_id"
 #: Versions whose transactions are loaded at once while scanning history.
 SCAN_PARALLELISM = 8
 
+#: Errors after which the commit is simply tried again (within the job's budget).
 _TRANSIENT = (
     TransientObjectStoreError,
     ThrottledError,
@@ -99,17 +82,15 @@ class JobCommit:
     """What a commit needs besides the tasks' outputs (plain, picklable data).
 
     ``scan_from``: versions up to this one cannot hold the job's key (the table's
-    version when the job was planned; 0 when the key may be older). With
-    ``scan_history`` the key is looked for before the first attempt (a
-    user-given ``job_id``, a micro-batch); otherwise only after an attempt
-    whose outcome is unknown. ``stream_id``/``batch_id`` mark a micro-batch.
+    version when a job with a generated id was planned; 0 when the key may be
+    older: a user-given ``job_id``, a micro-batch). ``timeout`` is the job's commit
+    budget in seconds. ``stream_id``/``batch_id`` mark a micro-batch.
     """
 
     plan: WritePlan
     job_id: str
     mode: str  # "append" | "overwrite"
     scan_from: int = 0
-    scan_history: bool = False
     merge_schema: bool = False
     commit_message: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
@@ -234,62 +215,6 @@ def table_history(
     return out
 
 
-# --------------------------------------------------------------------------- planning
-
-
-def _remapped(
-    fragments: Sequence[table_pb2.DataFragment], ids: Mapping[int, int], first_id: int | None
-) -> list[table_pb2.DataFragment]:
-    """Copies with data-file field ids mapped; fragment ids from ``first_id`` when given."""
-    out = []
-    for i, fragment in enumerate(fragments):
-        copy = table_pb2.DataFragment()
-        copy.CopyFrom(fragment)
-        for data_file in copy.files:
-            data_file.fields[:] = [ids[f] if f >= 0 else f for f in data_file.fields]
-        if first_id is not None:
-            copy.id = first_id + i
-        out.append(copy)
-    return out
-
-
-def plan_transaction(
-    job: JobCommit,
-    parent: Parent | None,
-    fragments: Sequence[table_pb2.DataFragment],
-    null_counts: Mapping[str, int],
-) -> Transaction:
-    """The one transaction that commits ``fragments`` on top of ``parent``."""
-    ours = lance_fields(job.plan.schema())
-    if parent is None or job.mode == "overwrite":
-        return Transaction(
-            read_version=parent.version if parent is not None else 0,
-            operation=Overwrite(fragments=tuple(fragments), schema=tuple(ours)),
-        )
-    manifest = parent.manifest.manifest
-    table = list(manifest.fields)
-    new = match_table(
-        job.plan.uri, ours, table, merge_schema=job.merge_schema, null_counts=null_counts
-    )
-    if not new:
-        ids = field_id_map(ours, table)
-        return Transaction(
-            read_version=parent.version,
-            operation=Append(fragments=tuple(_remapped(fragments, ids, None))),
-        )
-    # Ids of dropped columns may still sit in data files: never reuse them.
-    in_files = max((i for f in manifest.fragments for d in f.files for i in d.fields), default=-1)
-    target = merged_fields(ours, table, new, in_files)
-    ids = field_id_map(ours, target)
-    high = manifest.max_fragment_id if manifest.HasField("max_fragment_id") else -1
-    high = max([high, *(f.id for f in manifest.fragments)])
-    added = _remapped(fragments, ids, high + 1)
-    return Transaction(
-        read_version=parent.version,
-        operation=Merge(fragments=(*manifest.fragments, *added), schema=tuple(target)),
-    )
-
-
 # --------------------------------------------------------------------------- commit
 
 
@@ -300,103 +225,121 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
     removed), JobCommitUnknownError (files kept: the commit may have landed),
     or another LancetxError of the table's store.
     """
+    import lancetx
+
     uri = job.plan.uri
     frag_json = [f for out in outputs for f in out.fragments]
-    fragments = [fragment_from_json(f) for f in frag_json]
     rows = sum(out.rows for out in outputs)
     nulls: dict[str, int] = {}
     for out in outputs:
         for name, count in out.null_counts.items():
             nulls[name] = nulls.get(name, 0) + count
     properties = dict(job.properties)
-    properties.update(
-        {IDEMPOTENCY_KEY: job.idempotency_key, JOB_ID_KEY: job.job_id, ROWS_KEY: str(rows)}
-    )
+    properties.update({JOB_ID_KEY: job.job_id, ROWS_KEY: str(rows)})
     if job.stream_id is not None:
         properties.update({STREAM_ID_KEY: job.stream_id, BATCH_ID_KEY: str(job.batch_id)})
-    conn = connect(uri, job.plan.storage_options)
     deadline = time.monotonic() + job.timeout
-    seen = job.scan_from
-    must_scan = job.scan_history or job.stream_id is not None
-    uncertain = False
+    since = job.scan_from
+    uncertain: Exception | None = None
     attempts = 0
-    last_error: BaseException | None = None
-    try:
-        while True:
-            try:
-                parent = load_parent(conn.handler, conn.base)
-                latest = parent.version if parent is not None else 0
-                if (must_scan or uncertain) and latest > seen:
-                    found = find_committed(conn, job, seen, latest)
-                    if found is not None:
-                        log.info("job %s is already in version %d of %s", job.job_id, found, uri)
-                        if not uncertain:
-                            _discard(job, frag_json)  # an earlier run's commit holds the key
-                        return JobCommitted(found, True, attempts)
-                seen = max(seen, latest)
-            except _TRANSIENT as exc:
-                last_error = exc
-                if time.monotonic() > deadline:
-                    if uncertain:
-                        raise JobCommitUnknownError(
-                            uri, job.job_id, seen + 1, f"the store did not answer: {exc}"
-                        ) from exc
-                    raise
-                time.sleep(0.2)
-                continue
+    while True:
+        attempts += 1
+        try:
+            if job.stream_id is not None and uncertain is None:
+                found, since = _stream_batch_committed(job, since)
+                if found is not None:
+                    _discard_unreferenced(job, frag_json, found)
+                    return JobCommitted(found, True, attempts - 1)
+            result = lancetx.commit_fragments(
+                uri,
+                frag_json,
+                schema=job.plan.schema(),
+                mode=job.mode,
+                storage_options=job.plan.storage_options,
+                commit_message=job.commit_message,
+                properties=properties,
+                idempotency_key=job.idempotency_key,
+                idempotency_since=since,
+                fresh_field_ids=True,
+                merge_schema=job.merge_schema,
+                null_counts=nulls,
+                commit_timeout=max(0.0, deadline - time.monotonic()),
+            )
+        except ColumnMismatchError as exc:
+            if uncertain is None:
+                _discard(job, frag_json)
+            raise SparkSchemaError(uri, exc.column, exc.problem) from None
+        except (CommitStateUnknownError, *_TRANSIENT) as exc:
+            # The claim may have landed (a transient error may have hidden its answer
+            # too): the next call looks for our key first, and no file is deleted.
+            uncertain = exc
+            log.warning(
+                "commit of job %s to %s: outcome unknown (%s); settling", job.job_id, uri, exc
+            )
             if time.monotonic() > deadline:
-                if uncertain:
-                    raise JobCommitUnknownError(
-                        uri, job.job_id, latest + 1, f"last error: {last_error}"
-                    ) from last_error
-                raise JobCommitTimeoutError(uri, job.job_id, job.timeout, attempts)
-            txn = plan_transaction(job, parent, fragments, nulls)
-            attempts += 1
-            try:
-                done = commit_transaction(
-                    conn.handler,
-                    conn.base,
-                    txn,
-                    parent=parent,
-                    options=CommitOptions(
-                        expected_version=latest,
-                        properties=properties,
-                        commit_message=job.commit_message,
-                    ),
-                )
-            except ExpectedVersionMismatchError as exc:
-                last_error = exc
-                time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** min(attempts, 6))))
-                continue
-            except (CommitStateUnknownError, *_TRANSIENT) as exc:
-                # The claim may have landed: settle it by looking for our key next round.
-                uncertain = True
-                last_error = exc
-                log.warning(
-                    "commit of job %s to %s: outcome unknown (%s); settling", job.job_id, uri, exc
-                )
-                time.sleep(0.2)
-                continue
+                raise JobCommitUnknownError(
+                    uri, job.job_id, _version_of(exc), f"last error: {exc}"
+                ) from exc
+            time.sleep(0.2)
+            continue
+        except RetriesExhaustedError as exc:
+            if uncertain is not None:
+                raise JobCommitUnknownError(
+                    uri, job.job_id, _version_of(uncertain), f"last error: {exc}"
+                ) from exc
+            _discard(job, frag_json)
+            raise JobCommitTimeoutError(uri, job.job_id, job.timeout, exc.attempts) from exc
+        except LancetxError:
+            if uncertain is None:
+                _discard(job, frag_json)
+            raise
+        if result.deduplicated:
+            log.info("job %s is already in version %d of %s", job.job_id, result.version, uri)
+            _discard_unreferenced(job, frag_json, result.version)
+        else:
             log.info(
                 "job %s committed version %d of %s (%d attempts)",
                 job.job_id,
-                done.version,
+                result.version,
                 uri,
-                attempts,
+                result.attempts,
             )
-            return JobCommitted(done.version, False, attempts)
-    except JobCommitUnknownError:
-        raise
-    except CommitStateUnknownError:
-        raise
-    except LancetxError:
-        if not uncertain:
-            _discard(job, frag_json)
-        raise
+        return JobCommitted(result.version, result.deduplicated, attempts)
+
+
+def _version_of(error: BaseException) -> int:
+    """The version an unknown outcome is about (0 when the error does not say)."""
+    return error.version if isinstance(error, CommitStateUnknownError) else 0
+
+
+def _stream_batch_committed(job: JobCommit, since: int) -> tuple[int | None, int]:
+    """The version holding this micro-batch (or None), and the latest version looked at."""
+    conn = connect(job.plan.uri, job.plan.storage_options)
+    latest = conn.handler.resolve_latest(conn.base)
+    if latest is None or latest.version <= since:
+        return None, since
+    return find_committed(conn, job, since, latest.version), latest.version
 
 
 def _discard(job: JobCommit, fragments: list[dict[str, Any]]) -> None:
     """Remove the job's data files: no committed version references them."""
-    left = remove_data_files(job.plan, fragment_file_paths(fragments))
+    _discard_paths(job, fragment_file_paths(fragments))
+
+
+def _discard_unreferenced(job: JobCommit, fragments: list[dict[str, Any]], version: int) -> None:
+    """Remove the job's files that ``version`` (the one holding the job) does not reference:
+    the files of a re-run; none when the version is this very job's own lost-answer commit."""
+    conn = connect(job.plan.uri, job.plan.storage_options)
+    parent = load_parent(conn.handler, conn.base, version)
+    kept = (
+        {f.path for frag in parent.manifest.manifest.fragments for f in frag.files}
+        if parent is not None
+        else set()
+    )
+    _discard_paths(job, [p for p in fragment_file_paths(fragments) if p not in kept])
+
+
+def _discard_paths(job: JobCommit, paths: list[str]) -> None:
+    left = remove_data_files(job.plan, paths)
     if left:
         log.warning("job %s: could not remove %d unreferenced data file(s)", job.job_id, len(left))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from lancetx.errors import ColumnMismatchError
+from lancetx.verbs.field_ids import match_columns
 from pyspark_lancetx.commit import JobCommit, commit_job
 from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError
 from pyspark_lancetx.filters import conjunction, translate
@@ -42,7 +44,6 @@ from pyspark_lancetx.options import ReadOptions, WriteOptions
 from pyspark_lancetx.schema import (
     conform_read_batch,
     lance_fields,
-    match_table,
     read_spark_schema,
     spark_arrow_schema,
     write_schema,
@@ -63,6 +64,29 @@ log = logging.getLogger(__name__)
 
 #: Spark's local property naming the running streaming query (stable across restarts).
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+#: Fault injection for tests: with this Spark local property set to ``"true"`` on the
+#: thread that starts a job, the first attempt of each of its write tasks fails after
+#: its data files are written (the task must remove them; Spark retries it).
+FAIL_FIRST_ATTEMPT_PROPERTY = "lancetx.test.failFirstAttemptAfterWrite"
+
+
+def _injected_failure() -> Callable[[], None] | None:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None or context.getLocalProperty(FAIL_FIRST_ATTEMPT_PROPERTY) != "true":
+        return None
+    if context.attemptNumber() != 0:
+        return None
+
+    def fail() -> None:
+        raise RuntimeError(
+            f"injected failure ({FAIL_FIRST_ATTEMPT_PROPERTY}) of task "
+            f"{context.partitionId()} attempt 0, after its data files were written"
+        )
+
+    return fail
 
 
 # --------------------------------------------------------------------------- writing
@@ -96,13 +120,15 @@ def _table_state(
     manifest = parent.manifest.manifest
     if not overwrite:
         # Types only: null counts are known once the tasks ran (the commit checks them).
-        match_table(
-            options.uri,
-            lance_fields(schema),
-            list(manifest.fields),
-            merge_schema=options.merge_schema,
-            null_counts={},
-        )
+        try:
+            match_columns(
+                options.uri,
+                lance_fields(schema),
+                list(manifest.fields),
+                merge_schema=options.merge_schema,
+            )
+        except ColumnMismatchError as exc:
+            raise SparkSchemaError(options.uri, exc.column, exc.problem) from None
     storage = manifest.data_format.version or None
     if overwrite and options.data_storage_version is not None:
         storage = options.data_storage_version
@@ -163,7 +189,7 @@ class LanceTxWriter(DataSourceArrowWriter):  # type: ignore[misc]
         self.job = job
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> LanceTxCommitMessage:
-        return LanceTxCommitMessage(write_task(iterator, self.plan))
+        return LanceTxCommitMessage(write_task(iterator, self.plan, _injected_failure()))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         commit_job(self.job, _outputs(messages))
@@ -219,7 +245,6 @@ class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             job_id=stream_id,
             mode="overwrite" if self.overwrite else "append",
             scan_from=0,
-            scan_history=True,
             merge_schema=self.options.merge_schema,
             commit_message=self.options.commit_message,
             properties=self.options.properties,
@@ -446,7 +471,6 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             job_id=options.job_id,
             mode="overwrite" if overwrite else "append",
             scan_from=0 if options.job_id_given else state.version,
-            scan_history=options.job_id_given,
             merge_schema=options.merge_schema,
             commit_message=options.commit_message,
             properties=options.properties,

@@ -18,12 +18,11 @@ Writing
       column: intervals, ``void`` (NullType) and ``variant``.
 
 Appending
-    The DataFrame must have the table's columns with the same Lance types
-    (compared field by field, nested fields included); :func:`match_table`
-    names the first column that differs. Executors write data files with
-    fresh field ids (their own schema, pre-order from 0); the commit maps those
-    ids onto the table's by column path (:func:`field_id_map`), so files
-    written before a racing creator won still append correctly.
+    Executors write data files with fresh field ids (their own schema,
+    pre-order from 0); the commit (``lancetx.commit_fragments`` with
+    ``fresh_field_ids``) checks the columns against the table's and maps those
+    ids onto the table's by column path, so files written before a racing
+    creator won still append correctly.
 
 Reading
     :func:`read_spark_schema` maps a table's Arrow schema to Spark's (a
@@ -34,11 +33,11 @@ Reading
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lancetx.commit.errors import SchemaConversionError
-from lancetx.commit.format.schema import arrow_schema_to_fields, max_field_id
+from lancetx.commit.format.schema import arrow_schema_to_fields
 from pyspark_lancetx.errors import SparkSchemaError, UnsupportedSparkTypeError
 
 if TYPE_CHECKING:
@@ -169,16 +168,21 @@ def _aligned(column: pa.Array) -> pa.Array:
     """A copy in freshly allocated (64-byte aligned) buffers.
 
     Spark's Arrow stream aligns buffers to 8 bytes; pylance's reader of 128-bit
-    decimals needs 16 and panics otherwise.
+    decimals needs 16 and panics otherwise. Concatenating one array copies it.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    return pc.take(column, pa.array(range(len(column)), pa.int64()))
+    return pa.concat_arrays([column])
 
 
 def conform_write_batch(batch: pa.RecordBatch, target: pa.Schema, uri: str) -> pa.RecordBatch:
-    """Spark's Arrow batch as ``target`` (vector casts, nullability), checked column by column."""
+    """Spark's Arrow batch as ``target`` (vector casts, nullability), checked column by column.
+
+    Columns whose type already matches are passed through. A vector column
+    (``list<float>`` → ``fixed_size_list<float32>``) without null rows keeps its
+    values buffer: Arrow's cast only re-labels it when every list has the right
+    length (null rows need placeholder values, hence a copy).
+    """
     import pyarrow as pa
 
     decimals = [_has_decimal(f.type) for f in target]
@@ -202,140 +206,6 @@ def conform_write_batch(batch: pa.RecordBatch, target: pa.Schema, uri: str) -> p
                 ) from None
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, schema=target)
-
-
-# ---------------------------------------------------------------------------- appending
-
-
-def field_paths(fields: Sequence[file_pb2.Field]) -> dict[int, str]:
-    """Field id → path. Struct children by name; a list's item is ``[]`` and a
-    map's entries ``{}`` whatever their stored names (Spark says ``element``,
-    pylance ``item``)."""
-    by_id = {f.id: f for f in fields}
-    paths: dict[int, str] = {}
-    for f in fields:  # pre-order: a parent comes before its children
-        parent = by_id.get(f.parent_id)
-        if parent is None:
-            paths[f.id] = f.name
-            continue
-        if parent.logical_type.startswith(("list", "large_list", "fixed_size_list")):
-            step = "[]"
-        elif parent.logical_type == "map":
-            step = "{}"
-        else:
-            step = f.name
-        paths[f.id] = f"{paths[parent.id]}.{step}"
-    return paths
-
-
-def _by_path(fields: Sequence[file_pb2.Field]) -> dict[str, file_pb2.Field]:
-    paths = field_paths(fields)
-    return {paths[f.id]: f for f in fields}
-
-
-def match_table(
-    uri: str,
-    ours: Sequence[file_pb2.Field],
-    table: Sequence[file_pb2.Field],
-    *,
-    merge_schema: bool,
-    null_counts: Mapping[str, int],
-) -> list[str]:
-    """Check the written columns against the table's; return new top-level columns.
-
-    Types must match exactly (nested fields included). A non-nullable table
-    column accepts a nullable DataFrame column only if no null was written
-    (``null_counts``, per top-level column). New columns need ``merge_schema``;
-    columns the DataFrame lacks are refused. Raises SparkSchemaError naming
-    the first column that differs.
-    """
-    mine = _by_path(ours)
-    theirs = _by_path(table)
-    top_ours = [f.name for f in ours if f.parent_id == -1]
-    top_theirs = [f.name for f in table if f.parent_id == -1]
-    for name in top_theirs:
-        if name not in top_ours:
-            raise SparkSchemaError(
-                uri, name, f"the table has this column but the DataFrame does not {top_ours}"
-            )
-    new = [name for name in top_ours if name not in top_theirs]
-    if new and not merge_schema:
-        raise SparkSchemaError(
-            uri,
-            new[0],
-            f"the DataFrame has this column but the table does not {top_theirs}; pass "
-            "option merge_schema=true to add new columns (nullable)",
-        )
-    for path, field in mine.items():
-        top = path.split(".", 1)[0]
-        if top in new:
-            continue
-        other = theirs.get(path)
-        if other is None:
-            raise SparkSchemaError(uri, path, "the table's column has no such nested field")
-        if other.logical_type != field.logical_type:
-            raise SparkSchemaError(
-                uri,
-                path,
-                f"the DataFrame has type {field.logical_type} but the table has "
-                f"{other.logical_type}",
-            )
-        if other.parent_id == -1 and not other.nullable and null_counts.get(path, 0):
-            raise SparkSchemaError(
-                uri,
-                path,
-                f"the table's column is non-nullable, but the job wrote "
-                f"{null_counts[path]} null value(s)",
-            )
-    for path in theirs:
-        if path.split(".", 1)[0] in top_ours and path not in mine:
-            raise SparkSchemaError(uri, path, "the DataFrame's column lacks this nested field")
-    return new
-
-
-def merged_fields(
-    ours: Sequence[file_pb2.Field],
-    table: Sequence[file_pb2.Field],
-    new: Sequence[str],
-    used_id: int = -1,
-) -> list[file_pb2.Field]:
-    """The table's fields plus our new top-level columns (all nullable), with ids after
-    both the table's largest and ``used_id``."""
-    from lancetx.protos import file_pb2
-
-    paths = field_paths(ours)
-    next_id = max(max_field_id(table), used_id) + 1
-    ids: dict[int, int] = {}
-    out = [_copy(f) for f in table]
-    for f in ours:
-        if paths[f.id].split(".", 1)[0] not in new:
-            continue
-        copy = file_pb2.Field()
-        copy.CopyFrom(f)
-        ids[f.id] = next_id
-        copy.id = next_id
-        copy.parent_id = ids.get(f.parent_id, -1)
-        if f.parent_id == -1:
-            copy.nullable = True
-        next_id += 1
-        out.append(copy)
-    return out
-
-
-def _copy(f: file_pb2.Field) -> file_pb2.Field:
-    from lancetx.protos import file_pb2
-
-    copy = file_pb2.Field()
-    copy.CopyFrom(f)
-    return copy
-
-
-def field_id_map(
-    ours: Sequence[file_pb2.Field], target: Sequence[file_pb2.Field]
-) -> dict[int, int]:
-    """Our fresh field ids → the target schema's ids, matched by column path."""
-    theirs = {path: fid for fid, path in field_paths(target).items()}
-    return {fid: theirs[path] for fid, path in field_paths(ours).items() if path in theirs}
 
 
 # ---------------------------------------------------------------------------- reading

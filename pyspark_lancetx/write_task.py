@@ -14,7 +14,7 @@ task knows what to remove.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -94,8 +94,16 @@ def fragment_file_paths(fragments: list[dict[str, Any]]) -> list[str]:
     return [f["path"] for frag in fragments for f in frag.get("files", [])]
 
 
-def write_task(batches: Iterator[pa.RecordBatch], plan: WritePlan) -> TaskOutput:
-    """Write the task's batches as Lance fragments; remove them all if anything fails."""
+def write_task(
+    batches: Iterator[pa.RecordBatch],
+    plan: WritePlan,
+    after_write: Callable[[], None] | None = None,
+) -> TaskOutput:
+    """Write the task's batches as Lance fragments; remove them all if anything fails.
+
+    ``after_write`` runs once pylance has returned, before the task reports (a
+    failure there is the task's to clean up: pylance has finished its files).
+    """
     import lance
     import pyarrow as pa
     from lance.progress import FragmentWriteProgress
@@ -142,16 +150,21 @@ def write_task(batches: Iterator[pa.RecordBatch], plan: WritePlan) -> TaskOutput
             storage_options=plan.storage_options or None,
             **kwargs,
         )
+        # From here on every file is known, whether or not the progress hook saw it.
+        finished.extend(p for f in fragments for p in (d.path for d in f.files))
+        output.fragments = [f.to_json() for f in fragments]
+        if after_write is not None:
+            after_write()
     except BaseException as exc:
-        left = remove_data_files(plan, finished)
+        paths = sorted(set(finished))
+        left = remove_data_files(plan, paths)
         log.warning(
-            "write task for %s failed; removed %d finished data file(s)%s",
+            "write task for %s failed; removed %d data file(s) it wrote%s",
             plan.uri,
-            len(finished) - len(left),
+            len(paths) - len(left),
             f", could not remove {left}" if left else "",
         )
         if failure and failure[0] is not exc:
             raise failure[0] from None
         raise
-    output.fragments = [f.to_json() for f in fragments]
     return output

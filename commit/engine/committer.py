@@ -356,6 +356,10 @@ class _Turn:
     unavailable: bool = False
     #: When our turn came (monotonic clock), once it did.
     turn_began: float | None = None
+    #: The version the holder of ticket ``served`` claimed, as last seen.
+    served_version: int = 0
+    #: When ticket ``served`` was served (epoch seconds; 0 if unknown).
+    served_at: float = 0.0
 
 
 def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
@@ -369,42 +373,81 @@ def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -
         turn.unavailable = True
         return False
     turn.ticket, turn.served = turns.issued, turns.served
+    turn.served_version = turns.served_version
+    turn.served_at = turns.served_at
     if turns.issued - turns.served > 1:
         contended.queued(time.monotonic())
     return True
 
 
 def _wait_for_turn(
-    base: str, turn: _Turn, contended: contention.TableContention, policy: RetryPolicy
-) -> Steps[None]:
-    """Wait until every ticket before ours was served (or the queue stalls)."""
+    names: Names,
+    base: str,
+    turn: _Turn,
+    contended: contention.TableContention,
+    policy: RetryPolicy,
+    since: int,
+    ours: Transaction,
+) -> Steps[list[_Loaded] | None]:
+    """Wait until every ticket before ours was served (or the queue stalls).
+
+    Far back, it looks at the queue now and then. Next in line, it watches the
+    table instead (one Query a look): the version the writer before us claims is
+    the one we build on, and seeing it is our turn — the Query that sees it is
+    the one we need anyway, and its writer serves its ticket only after. Returns
+    the versions committed after ``since`` when it loaded them, else None.
+    """
     assert turn.ticket is not None
     last_served, last_change = turn.served, time.monotonic()
     began, ahead = last_change, turn.ticket - turn.served - 1
     if ahead > 0:
         log.debug("%s: ticket %d, %d ahead in the commit queue", base, turn.ticket, ahead)
+    newer: list[_Loaded] | None = None
+    looks = 0
+    watching = False  # next in line, looking at the table
     while turn.ticket - turn.served - 1 > 0:
-        yield Sleep(contention.turn_wait(policy, contended, turn.ticket - turn.served - 1))
-        turns: Turns | None = yield ReadTurns(base)
-        if turns is None:
-            break
+        ahead_now = turn.ticket - turn.served - 1
+        into_turn = time.time() - turn.served_at if turn.served_at else None
+        yield Sleep(
+            contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
+        )
+        watching = ahead_now == 1
         now = time.monotonic()
-        if turns.served > last_served:
-            contended.turns_served(turns.served - last_served, now - last_change)
-            last_served, last_change = turns.served, now
-        elif now - last_change > contention.stall_limit(contended):
-            # The holder ahead is slow or gone. Go anyway: the claim still decides,
-            # and serving our ticket moves the mark past a ticket nobody will serve.
-            log.debug(
-                "commit queue of %s stands at %d for %.1f s; ticket %d goes ahead",
-                base,
-                turns.served,
-                now - last_change,
-                turn.ticket,
-            )
-            turn.served = turns.served
-            break
-        turn.served = turns.served
+        looks += 1
+        if ahead_now == 1 and looks % 4 != 0:
+            # Next in line: has the writer before us claimed its version yet?
+            listed: list[ManifestLocation] = yield ListVersions(base, since)
+            if listed and listed[-1].version > turn.served_version:
+                newer = yield from _load_listed(names, base, since, listed, ours=ours)
+                break
+            if now - last_change <= contention.stall_limit(contended):
+                continue
+        else:
+            # Far back (or now and then when next in line, in case the writer
+            # before us gave up without claiming): where is the queue?
+            turns: Turns | None = yield ReadTurns(base)
+            if turns is None:
+                break
+            if turns.served > last_served:
+                contended.turns_served(turns.served - last_served, now - last_change)
+                last_served, last_change = turns.served, now
+                turn.served = turns.served
+                turn.served_version = max(turn.served_version, turns.served_version)
+                turn.served_at = turns.served_at
+                watching = False
+                continue
+            if now - last_change <= contention.stall_limit(contended):
+                continue
+        # The holder ahead is slow or gone. Go anyway: the claim still decides,
+        # and serving our ticket moves the mark past a ticket nobody will serve.
+        log.debug(
+            "commit queue of %s stands at %d for %.1f s; ticket %d goes ahead",
+            base,
+            turn.served,
+            now - last_change,
+            turn.ticket,
+        )
+        break
     turn.turn_began = time.monotonic()
     if ahead > 0:
         log.debug(
@@ -414,6 +457,7 @@ def _wait_for_turn(
             time.monotonic() - began,
             ahead,
         )
+    return newer
 
 
 def _write_transaction(
@@ -532,11 +576,15 @@ def _attempts(
                 # Our transaction file does not depend on the version we will
                 # claim: write it now, off the table's critical path.
                 txn_bytes = yield from _write_transaction(base, ours, txn_bytes, written)
-                yield from _wait_for_turn(base, turn, contended, policy)
+                newer = yield from _wait_for_turn(
+                    names, base, turn, contended, policy, current.version, ours
+                )
             else:
                 yield Sleep(contention.yield_delay(policy, contended))
+                newer = None
             started = time.perf_counter()  # the attempt's slot does not include the wait
-            newer = yield from _load_newer(names, base, current.version, ours=ours)
+            if newer is None:
+                newer = yield from _load_newer(names, base, current.version, ours=ours)
             if newer:
                 pending = newer
                 current = _newest_parent(newer)
@@ -653,11 +701,21 @@ def _attempts(
                     # Our turn already, lost to a writer outside the queue
                     # (pylance, or one that saw no contention): go again soon.
                     yield Sleep(contention.delay(policy, 1, slot) / contention.FIRST_WINDOW_SLOTS)
+                    newer = None
                 else:
-                    yield from _wait_for_turn(base, turn, contended, policy)
-                newer = yield from _load_newer(
-                    names, base, current.version if current is not None else 0, ours=ours
-                )
+                    newer = yield from _wait_for_turn(
+                        names,
+                        base,
+                        turn,
+                        contended,
+                        policy,
+                        current.version if current is not None else 0,
+                        ours,
+                    )
+                if newer is None:
+                    newer = yield from _load_newer(
+                        names, base, current.version if current is not None else 0, ours=ours
+                    )
                 if newer:
                     pending = newer
                     current = _newest_parent(newer)
@@ -925,6 +983,19 @@ def _load_newer(
     or hidden by a stale listing): ours cannot be checked against it.
     """
     locations: list[ManifestLocation] = yield ListVersions(base, since)
+    return (yield from _load_listed(names, base, since, locations, known, ours, until))
+
+
+def _load_listed(
+    names: Names,
+    base: str,
+    since: int,
+    locations: list[ManifestLocation],
+    known: Parent | None = None,
+    ours: Transaction | None = None,
+    until: int | None = None,
+) -> Steps[list[_Loaded]]:
+    """:func:`_load_newer` for versions already listed."""
     if until is not None:
         locations = [loc for loc in locations if loc.version <= until]
     if not locations and until is None:

@@ -175,20 +175,46 @@ def turn_length(contended: TableContention) -> float:
     return contended.turn_interval or contended.slot or DEFAULT_TURN
 
 
-def turn_wait(policy: RetryPolicy, contended: TableContention, ahead: int) -> float:
-    """The wait before looking at the queue again with ``ahead`` tickets before ours.
+def turn_wait(
+    policy: RetryPolicy,
+    contended: TableContention,
+    ahead: int,
+    into_turn: float | None = None,
+    first_look: bool = True,
+) -> float:
+    """The wait before looking again with ``ahead`` tickets before ours.
 
-    Both are measured in *work*: how long a turn takes from its start to the
-    won claim (our own turns, measured), not the observed time between turns —
-    that includes the idle gaps of late looks, and sleeping by it would make
-    every gap longer than the last. Far back: until the turn before ours would
-    begin if every turn were pure work (early rather than late: an early look
-    costs one small read, a late one leaves the table idle). Next in line: a
-    third of a turn, so the table idles a sixth of a turn between two on average."""
-    work = contended.turn_work or turn_length(contended)
+    Measured in *work*: how long a turn takes from its start to the won claim
+    (:func:`turn_work`), not the observed time between turns — that includes
+    the idle gaps of late looks, and sleeping by it would make every gap longer
+    than the last. ``into_turn``: how long ago the current turn began (when the
+    ticket before it was served), when known. Far back: until the turn before
+    ours would begin if turns were pure work, a little early (an early look
+    costs one small read, a late one leaves the table idle). Next in line: first
+    until the current turn's claim is due, then a quarter turn at a time.
+    """
+    work = turn_work(contended)
+    done = min(into_turn, work) if into_turn is not None else 0.0
     if ahead > 1:
-        return float(min(policy.max_delay, (ahead - 1) * work))
-    return float(min(policy.max_delay, work / 3))
+        wait = 0.8 * ((ahead - 1) * work - done)
+    elif first_look:
+        wait = work - done
+    else:
+        wait = work / 4
+    return float(min(policy.max_delay, max(work / 4, wait)))
+
+
+def turn_work(contended: TableContention) -> float:
+    """A turn's work as measured; the smaller of our own turns' work and the
+    observed time between turns when both are known, so that one slow turn
+    (a busy machine, a slow request) does not make every waiter oversleep."""
+    work = contended.turn_work
+    observed = contended.turn_interval
+    if work and observed:
+        return min(work, observed)
+    # Not the slot of a lost attempt: attempts that collide are slow, and a
+    # waiter sleeping by one would oversleep its turn by many.
+    return work or observed or DEFAULT_TURN
 
 
 def stall_limit(contended: TableContention) -> float:
@@ -223,6 +249,7 @@ __all__ = [
     "table_contention",
     "turn_length",
     "turn_wait",
+    "turn_work",
     "window",
     "yield_delay",
 ]

@@ -310,7 +310,7 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
             case ClaimVersion(base, version, manifest, scheme, summary, ticket):
                 location = handler.commit(base, version, manifest, scheme, summary, ticket)
                 if ticket is not None and not handler.serves_ticket_on_claim:
-                    handler.end_turn(base, ticket)
+                    handler.end_turn(base, ticket, version)
                 return location
             case TakeTicket(base):
                 return handler.take_ticket(base)
@@ -356,7 +356,7 @@ async def _claim_async(handler: AsyncCommitHandler, effect: ClaimVersion) -> Man
         effect.base, effect.version, effect.manifest, effect.scheme, effect.summary, effect.ticket
     )
     if effect.ticket is not None and not handler.serves_ticket_on_claim:
-        await handler.end_turn(effect.base, effect.ticket)
+        await handler.end_turn(effect.base, effect.ticket, effect.version)
     return location
 
 

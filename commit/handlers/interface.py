@@ -69,6 +69,12 @@ class Turns:
 
     issued: int
     served: int
+    #: The version the holder of ticket ``served`` claimed (0 if unknown): the
+    #: next holder builds on it or on a later one.
+    served_version: int = 0
+    #: When ticket ``served`` was served (seconds since the epoch; 0 if unknown):
+    #: the turn after it began then.
+    served_at: float = 0.0
 
 
 class CommitHandler(abc.ABC):
@@ -135,9 +141,10 @@ class CommitHandler(abc.ABC):
         del base
         return None
 
-    def end_turn(self, base: str, ticket: int) -> None:
-        """Our commit with ``ticket`` ended (won, refused or given up): the next may go."""
-        del base, ticket
+    def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
+        """Our commit with ``ticket`` ended — won (claiming ``version``), refused or
+        given up: the next may go."""
+        del base, ticket, version
 
 
 class AsyncCommitHandler(abc.ABC):
@@ -187,9 +194,9 @@ class AsyncCommitHandler(abc.ABC):
         del base
         return None
 
-    async def end_turn(self, base: str, ticket: int) -> None:
+    async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
         """See :meth:`CommitHandler.end_turn`."""
-        del base, ticket
+        del base, ticket, version
 
     async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
         """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file)."""

@@ -8,21 +8,22 @@ version — data files do not depend on the version they were planned against.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 
-from lancetx.commit.engine.operations import Append, Overwrite, Transaction
+from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transaction
 from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.format.schema import arrow_schema_to_fields
-from lancetx.committing import PlanContext, discard
+from lancetx.committing import CommitArgs, PlanContext, VerbFlags, discard
 from lancetx.convert import to_fragment
 from lancetx.data import StreamGuard, check_append_schema, to_reader
 from lancetx.errors import ForeignFragmentError, SchemaMismatchError, UnsupportedInputError
 from lancetx.protos import table_pb2
+from lancetx.verbs.field_ids import field_id_map, match_columns, merged_fields, remap_fragments
 
 #: Parallel HEAD requests when checking fragments written elsewhere.
 CHECK_PARALLELISM = 16
@@ -113,16 +114,42 @@ def overwrite_transaction(
 
 class FragmentsPlan:
     """Commit fragments written elsewhere (Spark executors, ``write_fragments``) as one
-    Append — or Overwrite when the table is new or ``overwrite`` is set."""
+    Append — or Overwrite when the table is new or ``overwrite`` is set.
+
+    With ``fresh_field_ids`` the data files were written as a new dataset of
+    ``schema`` (fields numbered from 0): an append maps their ids onto the table's by
+    column path (:mod:`lancetx.verbs.field_ids`), checking types and, with
+    ``null_counts``, that no null lands in a non-nullable column; ``merge_schema``
+    adds the columns the table lacks (nullable) in the same commit, as a Merge.
+    """
 
     def __init__(
-        self, uri: str, fragments: Sequence[object], schema: pa.Schema | None, *, overwrite: bool
+        self,
+        uri: str,
+        fragments: Sequence[object],
+        schema: pa.Schema | None,
+        *,
+        overwrite: bool,
+        fresh_field_ids: bool = False,
+        merge_schema: bool = False,
+        null_counts: Mapping[str, int] | None = None,
     ) -> None:
         if schema is not None and not isinstance(schema, pa.Schema):
             raise UnsupportedInputError(uri, schema, "schema= must be a pyarrow.Schema")
+        if (fresh_field_ids or merge_schema) and schema is None:
+            raise SchemaMismatchError(
+                uri, "fresh_field_ids / merge_schema need schema= (the files' Arrow schema)"
+            )
+        if merge_schema and not fresh_field_ids:
+            raise SchemaMismatchError(
+                uri, "merge_schema needs fresh_field_ids=True (files written as a new dataset)"
+            )
         self.fragments = tuple(to_fragment(uri, f) for f in fragments)
         self.schema = schema
         self.overwrite = overwrite
+        self.fresh_field_ids = fresh_field_ids
+        self.merge_schema = merge_schema
+        self.null_counts = dict(null_counts or {})
         self.checked = False
 
     def __call__(self, ctx: PlanContext) -> Transaction:
@@ -130,6 +157,8 @@ class FragmentsPlan:
             check_in_data_dir(ctx, self.fragments)
             self.checked = True
         if ctx.parent is not None and not self.overwrite:
+            if self.fresh_field_ids:
+                return self._append_fresh(ctx)
             if self.schema is not None:
                 check_append_schema(ctx.uri, self.schema, ctx.schema)
             fragments = tuple(_unassigned(f) for f in self.fragments)
@@ -142,6 +171,82 @@ class FragmentsPlan:
         return overwrite_transaction(
             ctx.read_version, tuple(_unassigned(f) for f in self.fragments), self.schema
         )
+
+    def _append_fresh(self, ctx: PlanContext) -> Transaction:
+        assert self.schema is not None
+        ours = arrow_schema_to_fields(self.schema)[0]
+        manifest = ctx.manifest
+        table = list(manifest.fields)
+        new = match_columns(
+            ctx.uri, ours, table, merge_schema=self.merge_schema, null_counts=self.null_counts
+        )
+        if not new:
+            fragments = remap_fragments(self.fragments, field_id_map(ours, table), 0)
+            return Transaction(read_version=ctx.read_version, operation=Append(fragments=fragments))
+        # A Merge lists every fragment, so ours get explicit ids after the table's.
+        in_files = max(
+            (i for f in manifest.fragments for d in f.files for i in d.fields), default=-1
+        )
+        target = merged_fields(ours, table, new, in_files)
+        high = manifest.max_fragment_id if manifest.HasField("max_fragment_id") else -1
+        high = max([high, *(f.id for f in manifest.fragments)])
+        added = remap_fragments(self.fragments, field_id_map(ours, target), high + 1)
+        return Transaction(
+            read_version=ctx.read_version,
+            operation=Merge(
+                fragments=(*manifest.fragments, *added),
+                schema=tuple(target),
+                schema_metadata=dict(manifest.schema_metadata),
+            ),
+        )
+
+
+def fragments_verb(
+    uri: str,
+    fragments: Iterable[object],
+    *,
+    schema: pa.Schema | None,
+    mode: str,
+    commit_message: str | None,
+    properties: Mapping[str, str] | None,
+    idempotency_key: str | None,
+    expected_version: int | None,
+    fresh_field_ids: bool,
+    merge_schema: bool,
+    null_counts: Mapping[str, int] | None,
+    idempotency_since: int,
+    commit_timeout: float | None,
+) -> tuple[FragmentsPlan, CommitArgs, VerbFlags]:
+    """The plan, arguments and flags of ``commit_fragments`` (sync and async alike)."""
+    from lancetx.commit.engine.retry import RetryPolicy
+
+    if mode not in ("append", "overwrite"):
+        raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    plan = FragmentsPlan(
+        uri,
+        list(fragments),
+        schema,
+        overwrite=mode == "overwrite",
+        fresh_field_ids=fresh_field_ids,
+        merge_schema=merge_schema,
+        null_counts=null_counts,
+    )
+    args = CommitArgs(
+        commit_message,
+        properties,
+        idempotency_key,
+        expected_version,
+        idempotency_since=idempotency_since,
+        retry=RetryPolicy(max_elapsed=commit_timeout) if commit_timeout is not None else None,
+    )
+    flags = VerbFlags(
+        # A Merge lists every fragment: a concurrent append forces a new plan.
+        replannable=mode == "overwrite" or merge_schema,
+        reusable=True,
+        needs_table=False,
+        owns_data=False,
+    )
+    return plan, args, flags
 
 
 def _unassigned(fragment: table_pb2.DataFragment) -> table_pb2.DataFragment:
@@ -192,5 +297,6 @@ __all__ = [
     "WritePlan",
     "check_in_data_dir",
     "fragment_files",
+    "fragments_verb",
     "overwrite_transaction",
 ]

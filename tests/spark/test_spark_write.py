@@ -10,6 +10,7 @@ import pytest
 from spark_helpers import data_files, lance_ids, referenced_files, spark_options
 
 from pyspark_lancetx import last_commit, table_history
+from pyspark_lancetx.datasource import FAIL_FIRST_ATTEMPT_PROPERTY
 
 
 def _target(kind: str, tmp_path: Any, ddb_uri: str, bucket: str) -> str:
@@ -68,7 +69,7 @@ def test_rerun_with_the_same_job_id_commits_once(spark: Any, tmp_path: Any) -> N
     assert data_files(uri) == referenced_files(uri)
 
 
-def test_a_task_retried_after_failing_leaves_no_duplicates_and_no_orphans(
+def test_a_task_retried_after_failing_mid_stream_leaves_no_duplicates_and_no_orphans(
     spark: Any, tmp_path: Any
 ) -> None:
     uri = str(tmp_path / "t.lance")
@@ -92,6 +93,23 @@ def test_a_task_retried_after_failing_leaves_no_duplicates_and_no_orphans(
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert lance_ids(uri) == list(range(400))
+    assert data_files(uri) == referenced_files(uri)
+
+
+def test_a_task_failing_after_its_files_are_written_removes_them(spark: Any, tmp_path: Any) -> None:
+    """pylance had finished (and would never remove) the files: only the task can."""
+    uri = str(tmp_path / "t.lance")
+    context = spark.sparkContext
+    context.setLocalProperty(FAIL_FIRST_ATTEMPT_PROPERTY, "true")
+    try:
+        spark.range(0, 400, 1, 2).write.format("lancetx").mode("append").option(
+            "max_rows_per_file", "50"
+        ).save(uri)
+    finally:
+        context.setLocalProperty(FAIL_FIRST_ATTEMPT_PROPERTY, None)
+    assert lance_ids(uri) == list(range(400))
+    # Each of the 2 tasks wrote 4 files twice (the failed attempt and the retry).
+    assert len(referenced_files(uri)) == 8
     assert data_files(uri) == referenced_files(uri)
 
 
