@@ -196,7 +196,11 @@ def turn_wait(
     work = turn_work(contended)
     done = min(into_turn, work) if into_turn is not None else 0.0
     if ahead > 1:
-        wait = 0.8 * ((ahead - 1) * work - done)
+        # Far back, by the observed time between turns (handoffs included): by
+        # pure work a waiter would look several times per turn ahead of it. A
+        # little early still, so a late look never leaves the table idle.
+        between = contended.turn_interval or work
+        wait = 0.8 * ((ahead - 1) * between - done)
     elif first_look:
         wait = work - done
     else:

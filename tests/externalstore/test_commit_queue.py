@@ -100,10 +100,13 @@ def test_tickets_count_up_and_served_never_moves_down(queued: Queued) -> None:
     assert entries.read_turns(base) == Turns(issued=0, served=0)  # no item yet
     assert entries.take_ticket(base) == Turns(issued=1, served=0)
     assert entries.take_ticket(base) == Turns(issued=2, served=0)
-    entries.end_turn(base, 2)
-    entries.end_turn(base, 1)  # late: must not move the mark back
-    assert entries.read_turns(base) == Turns(issued=2, served=2)
-    assert entries.take_ticket(base) == Turns(issued=3, served=2)
+    before = time.time()
+    entries.end_turn(base, 2, version=7)
+    entries.end_turn(base, 1, version=6)  # late: must not move the mark back
+    turns = entries.read_turns(base)
+    assert (turns.issued, turns.served, turns.served_version) == (2, 2, 7)
+    assert before - 1 <= turns.served_at <= time.time() + 1  # when the turn after it began
+    assert entries.take_ticket(base).issued == 3
 
 
 def test_the_queue_item_is_invisible_to_the_table_and_to_pylance(queued: Queued) -> None:
@@ -146,7 +149,8 @@ def test_a_contended_writer_claims_only_after_the_tickets_before_it(queued: Queu
     # Served its ticket as soon as its claim was won, before the pointer flip:
     # the next writer in line starts while this one finishes.
     assert ops[-3:] == ["PutItem", "UpdateItem", "PutItem"]
-    assert entries.read_turns(base) == Turns(issued=ahead + 1, served=ahead + 1, served_version=2)
+    turns = entries.read_turns(base)
+    assert (turns.issued, turns.served, turns.served_version) == (ahead + 1, ahead + 1, 2)
 
 
 def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
@@ -164,7 +168,8 @@ def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
     assert waited >= 0.3  # it did wait for the dead ticket...
     assert waited < 10  # ...but not for long
     # Serving ours moved the mark past the dead ticket: nobody waits for it again.
-    assert entries.read_turns(base) == Turns(issued=dead + 1, served=dead + 1, served_version=2)
+    turns = entries.read_turns(base)
+    assert (turns.issued, turns.served, turns.served_version) == (dead + 1, dead + 1, 2)
 
 
 def test_without_update_item_the_commit_lands_and_the_warning_names_the_action(
