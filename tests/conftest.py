@@ -11,6 +11,7 @@ imported, and only tests marked ``integration`` are meant to run.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -37,6 +38,11 @@ for _key, _value in {
     os.environ[_key] = _value
 for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
     os.environ.pop(_key, None)
+# botocore's data copies (lancetx.commit.storage.aws_model_cache) go to a temporary
+# directory, not the home of whoever runs the tests; subprocesses inherit it.
+os.environ.setdefault(
+    "LANCETX_AWS_MODEL_CACHE", os.path.join(tempfile.gettempdir(), "lancetx-tests-botocore")
+)
 
 
 if external_backend.selected():
