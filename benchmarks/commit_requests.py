@@ -20,8 +20,9 @@ Scenarios:
   ``ds.checkout_latest()`` on a held dataset);
 * ``open``         — open the table from its URI in a warm process (lancetx:
   ``connect`` + ``load_parent``; pylance: ``lance.dataset``);
-* ``open-cold``    — the same in a fresh Python process (no cached DescribeTable);
-  the time is measured inside the child, imports excluded.
+* ``open-cold``    — the same in a fresh Python process (no shared clients, no
+  cached DescribeTable); the time is measured inside the child, imports excluded
+  (the child also reports how long building lancetx's two boto3 clients took).
 
 Systems: ``lancetx`` (``s3+ddb://``), ``pylance-ddb`` (pylance ``s3+ddb://``),
 ``pylance-s3`` (pylance plain ``s3://``, If-None-Match), and ``lancetx-s3``
@@ -37,6 +38,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +86,10 @@ class Measurement:
     seconds: list[float] = field(default_factory=list)
     #: lancetx only: what its boto3 clients sent, per run (botocore events).
     client_side: list[Counter[str]] = field(default_factory=list)
+    #: Cold opens: seconds the child's connect() took (lancetx: client building)
+    #: and CPU seconds of the whole open.
+    connect_seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
 
     def mean(self, select: Callable[[Request], bool] = lambda r: True) -> float:
         return statistics.fmean(sum(1 for r in run if select(r)) for run in self.runs)
@@ -119,6 +125,8 @@ class Measurement:
             "median_ms": self.median_ms(),
             "seconds": self.seconds,
             "client_side_check": self.client_check(),
+            "connect_seconds": self.connect_seconds,
+            "cpu_seconds": self.cpu_seconds,
         }
 
 
@@ -139,11 +147,14 @@ class System:
         self.options = bench.options
         self.seq = 0
         # Created by pylance, as a table normally would be; this also warms pylance's
-        # per-process DescribeTable cache, as lancetx's connect() warms its own.
+        # per-process DescribeTable cache. lancetx's first read warms its own (the
+        # table's checks ride along a connection's first request).
         lance.write_dataset(self._data(), self.uri, storage_options=self.options)
         self.conn: TableConnection | None = (
             connect(self.uri, self.options) if self.lancetx else None
         )
+        if self.conn is not None:
+            load_parent(self.conn.handler, self.conn.base)
         self.botocore = BotocoreCounter()
         if self.conn is not None:
             self.botocore.attach(self.conn.handler)
@@ -151,6 +162,10 @@ class System:
         self.reader: lance.LanceDataset | None = None
         #: Set by actions whose duration is measured elsewhere (the cold-open child).
         self.reported_seconds: float | None = None
+        #: Cold opens: how long the child's connect() (building the clients) took,
+        #: and the CPU time of the whole open (less sensitive to machine load).
+        self.connect_seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
 
     def _data(self) -> Any:
         self.seq += 1
@@ -219,19 +234,27 @@ class System:
         )
         if result.returncode != 0:
             raise RuntimeError(f"cold open of {self.uri} failed:\n{result.stderr}")
-        self.reported_seconds = float(json.loads(result.stdout)["seconds"])
+        reported = json.loads(result.stdout)
+        self.reported_seconds = float(reported["seconds"])
+        self.connect_seconds.append(float(reported["connect_seconds"]))
+        self.cpu_seconds.append(float(reported["cpu_seconds"]))
 
 
 def child_open(system: str, uri: str, options: dict[str, str]) -> int:
     """Run in a fresh process: open the latest version once, print the time as JSON."""
+    connecting = 0.0
+    cpu = time.process_time()
     with Stopwatch() as watch:
         if system.startswith("lancetx"):
-            conn = connect(uri, options)
+            with Stopwatch() as building:
+                conn = connect(uri, options)  # builds the clients, sends nothing
+            connecting = building.seconds
             if load_parent(conn.handler, conn.base) is None:
                 return 1
         else:
             lance.dataset(uri, storage_options=options)
-    print(json.dumps({"seconds": watch.seconds}))
+    cpu = time.process_time() - cpu  # every thread's: pylance's runtime, our checks
+    print(json.dumps({"seconds": watch.seconds, "cpu_seconds": cpu, "connect_seconds": connecting}))
     return 0
 
 
@@ -262,6 +285,9 @@ def measure(system: System, scenario: str, repeats: int, counter: ServerCounter)
         result.seconds.append(watch.seconds if seconds is None else seconds)
         if system.lancetx and scenario != "open-cold":
             result.client_side.append(system.botocore.take())
+    if scenario == "open-cold":
+        result.connect_seconds = system.connect_seconds[-repeats:]
+        result.cpu_seconds = system.cpu_seconds[-repeats:]
     return result
 
 
@@ -369,6 +395,35 @@ def report(results: Sequence[Measurement]) -> str:
                 area_rows,
             ),
             "",
+        ]
+    cold = [m for m in results if m.scenario == "open-cold" and m.cpu_seconds]
+    if cold:
+        rows_cold = [
+            [
+                m.system,
+                fmt(m.median_ms()),
+                fmt(statistics.median(m.cpu_seconds) * 1000),
+                fmt(statistics.median(m.connect_seconds) * 1000)
+                if m.system.startswith("lancetx")
+                else "-",
+            ]
+            for m in cold
+        ]
+        cpu = {m.system: statistics.median(m.cpu_seconds) for m in cold}
+        ratios = [
+            f"{ours} / {theirs}: CPU {cpu[ours] / cpu[theirs]:.2f}"
+            for ours, theirs in BASELINE.items()
+            if ours in cpu and theirs in cpu and cpu[theirs]
+        ]
+        out += [
+            "### Fresh-process opens (median of the runs; time measured inside the child)",
+            "",
+            markdown_table(
+                ["system", "wall ms", "CPU ms (all threads)", "of which connect() (clients) ms"],
+                rows_cold,
+            ),
+            "",
+            *([("CPU ratio " + "; ".join(ratios)), ""] if ratios else []),
         ]
     checks = [f"{m.scenario}/{m.system}: {m.client_check()}" for m in results if m.client_side]
     if checks:

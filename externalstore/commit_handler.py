@@ -48,6 +48,7 @@ from lancetx.externalstore.identity import (
     explain_unreadable_steps,
     guard_bucket,
 )
+from lancetx.externalstore.preflight import Preflight
 from lancetx.externalstore.protocol import (
     COMMITTER,
     ONBOARD_PROBE_LIMIT,
@@ -162,11 +163,18 @@ class ExternalStoreCommitHandler(CommitHandler):
     serves_ticket_on_claim = True
 
     def __init__(
-        self, store: ObjectStore, entries: ExternalManifestStore, *, committer: str = COMMITTER
+        self,
+        store: ObjectStore,
+        entries: ExternalManifestStore,
+        *,
+        committer: str = COMMITTER,
+        preflight: Preflight | None = None,
     ) -> None:
         self.store = store
         self.entries = entries
         self.committer = committer
+        #: Checks to pass beside the first request (see :mod:`.preflight`).
+        self.preflight = preflight
         #: Outcome of the last commit (for callers that want to know about finalization).
         self.last_outcome: CommitOutcome | None = None
         self._queue = _QueueAccess()
@@ -182,7 +190,10 @@ class ExternalStoreCommitHandler(CommitHandler):
         self._queue.call(lambda: self.entries.end_turn(base, ticket, version), base, self.entries)
 
     def _run(self, steps: Steps[T], base: str) -> T:
-        return run(_explained(steps, base, self.store, self.entries), self.store, self.entries)
+        def action() -> T:
+            return run(_explained(steps, base, self.store, self.entries), self.store, self.entries)
+
+        return action() if self.preflight is None else self.preflight.beside(action)
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.

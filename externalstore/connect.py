@@ -16,7 +16,7 @@ lancetx alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
@@ -27,6 +27,7 @@ from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
 from lancetx.externalstore.moved import check_not_moved
+from lancetx.externalstore.preflight import Preflight
 from lancetx.externalstore.uri import parse_ddb_uri
 
 
@@ -46,11 +47,31 @@ class TableConnection:
     storage_options: dict[str, str] = field(default_factory=dict)
 
 
+def _table_checks(entries: DynamoDBManifestStore, base: str) -> list[Callable[[], object]]:
+    """What an ``s3+ddb://`` connection checks beside its first request, most basic first."""
+    return [
+        # The table's key layout (DescribeTable, once per table per process).
+        entries.validate_layout,
+        # A store of a newer lancetx's layout (GetItem, once per table per process).
+        entries.check_stamp,
+        # A table migrated to conditional PUT must not take s3+ddb:// commits (GetItem,
+        # once per connection: a migration may happen while a process runs).
+        lambda: check_not_moved(entries, base, entries.table_name),
+    ]
+
+
 def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> TableConnection:
-    """The handler, base key and data URI for ``uri``. Raises InvalidUriError,
-    the DynamoDB validation errors (missing table, wrong key schema), or
-    UnsupportedOperationError for a legacy ``s3://`` store, or TableMovedError for an
-    ``s3+ddb://`` table migrated to conditional PUT."""
+    """The handler, base key and data URI for ``uri``. Raises InvalidUriError, or
+    UnsupportedOperationError for a legacy ``s3://`` store.
+
+    An ``s3+ddb://`` connection sends nothing until it is first used; its DynamoDB
+    table's checks (DescribeTable and the layout stamp once per table per process, the
+    moved record once per connection) then run beside that first request (see
+    :mod:`lancetx.externalstore.preflight`) and raise instead of its result:
+    TableNotFoundError (no such table), TableSchemaError (another key layout),
+    StoreSchemaTooNewError (a newer lancetx's store) or TableMovedError (the table
+    was migrated to conditional PUT). Clients are the process's shared ones (see
+    :mod:`lancetx.commit.storage.aws_clients`), so connecting again is cheap."""
     options = dict(storage_options or {})
     if uri.lower().startswith("s3+ddb://"):
         parsed = parse_ddb_uri(uri)
@@ -58,12 +79,13 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
         if isinstance(store, S3ObjectStore):
             # Messages about the table name it as the user did, not by its s3:// form.
             store.name_table(parsed.base_key, uri)
+        # Nothing is sent yet: the table's checks run beside its first request.
         entries = DynamoDBManifestStore.from_config(
-            parsed.table_name, DynamoDBConfig.from_options(options)
+            parsed.table_name, DynamoDBConfig.from_options(options), validate=False
         )
-        # One GetItem: a table migrated to conditional PUT must not take s3+ddb:// commits.
-        check_not_moved(entries, parsed.base_key, parsed.table_name)
-        handler: CommitHandler = ExternalStoreCommitHandler(store, entries)
+        handler: CommitHandler = ExternalStoreCommitHandler(
+            store, entries, preflight=Preflight(_table_checks(entries, parsed.base_key))
+        )
         return TableConnection(uri, handler, parsed.base_key, parsed.s3_uri, options)
     store, base = open_object_store(uri, options)
     raw = next((v for k, v in options.items() if k.lower() == PROBE_OPTION), None)

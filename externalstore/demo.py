@@ -37,6 +37,7 @@ from lancetx.commit.engine.committer import Committed, Parent, commit_transactio
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import MissingExtraError
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.commit.format.manifest import data_file_signature, serialized_for_pylance
 from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table
@@ -72,6 +73,37 @@ def batch(writer: str, seq: int, rows: int) -> pa.Table:
     )
 
 
+#: pylance datasets that write data files, by (data URI, data-file signature).
+_writers: dict[tuple[str, bytes], lance.LanceDataset] = {}
+_writers_lock = threading.Lock()
+
+
+def data_writer(conn: TableConnection, parent: Parent | Committed) -> lance.LanceDataset:
+    """A pylance dataset to write ``parent``'s next data files with.
+
+    Handing ``write_fragments`` a URI makes pylance open the table itself (LIST of
+    ``_versions/`` and a manifest GET) before it writes. Data files depend only on the
+    schema and data format (:func:`data_file_signature`), so one dataset, opened from
+    the manifest already in hand (one HEAD), serves every later version with the same
+    signature: back-to-back appends send nothing but the data file PUT."""
+    manifest = parent.manifest
+    key = (conn.data_uri, data_file_signature(manifest.manifest))
+    with _writers_lock:
+        found = _writers.get(key)
+    if found is not None:
+        return found
+    ds = lance.LanceDataset(
+        conn.data_uri,
+        version=parent.version,
+        storage_options=conn.storage_options or None,
+        serialized_manifest=serialized_for_pylance(manifest),
+    )
+    with _writers_lock:
+        if len(_writers) >= 64:  # schema changes are rare; drop the oldest
+            _writers.pop(next(iter(_writers)))
+        return _writers.setdefault(key, ds)
+
+
 def lancetx_append(
     conn: TableConnection, data: pa.Table, parent: Parent | Committed | None
 ) -> Committed:
@@ -81,7 +113,7 @@ def lancetx_append(
         if parent is None:
             raise RuntimeError(f"table {conn.uri} does not exist")
     fragments = lance.fragment.write_fragments(
-        data, conn.data_uri, storage_options=conn.storage_options
+        data, data_writer(conn, parent), storage_options=conn.storage_options
     )
     txn = Transaction(
         read_version=parent.version,

@@ -47,7 +47,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.handlers.interface import Turns
-from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, shared_session
+from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.externalstore.base import (
     ExternalManifestStore,
@@ -65,6 +65,7 @@ from lancetx.externalstore.errors import (
     EntryNotFoundError,
     ExternalStoreError,
     InvalidConfigError,
+    InvalidRequestError,
     MalformedEntryError,
     TableNotFoundError,
     TableSchemaError,
@@ -304,11 +305,13 @@ def warn_if_sdk_retries(client: Any) -> None:
 
 
 def make_client(config: DynamoDBConfig | None = None) -> Any:
-    """A boto3 DynamoDB client for ``config`` (a fresh session: thread-safe)."""
+    """The process's boto3 DynamoDB client for ``config`` (built on first use, then
+    shared by every store configured the same way; thread-safe)."""
     config = config or DynamoDBConfig.from_options()
-    session = shared_session(config.profile)
     return make_shared_client(
-        "dynamodb", profile=config.profile, **config.client_kwargs(session.region_name)
+        "dynamodb",
+        profile=config.profile,
+        **config.client_kwargs(session_region(config.profile)),
     )
 
 
@@ -960,9 +963,13 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
     ``client`` is a boto3 DynamoDB client (prefer :func:`make_client`, which
     turns botocore's retries off so ours see every attempt). With ``validate``
-    the table's layout is checked once per (endpoint, region, table) per
-    process (DescribeTable; needs ``dynamodb:DescribeTable``). ``page_size``
-    bounds the items per Query page (None: DynamoDB's 1 MB pages).
+    the table's layout is checked now, once per (endpoint, region, table) per
+    process (DescribeTable; needs ``dynamodb:DescribeTable``). Without it
+    nothing is sent until the first operation: a missing table then raises
+    TableNotFoundError, and a request DynamoDB rejects on a table not yet
+    validated in this process is checked against the layout (one DescribeTable,
+    on that error only) and raises TableSchemaError when the layout is why.
+    ``page_size`` bounds the items per Query page (None: DynamoDB's 1 MB pages).
     """
 
     def __init__(
@@ -1019,16 +1026,45 @@ class DynamoDBManifestStore(ExternalManifestStore):
         return self._ctx.target
 
     def _run(self, plan: Plan[T]) -> T:
-        return run_plan(self.client, plan, self._sleep)
+        try:
+            return run_plan(self.client, plan, self._sleep)
+        except InvalidRequestError as exc:
+            # A table of another key layout rejects our keys; say so plainly instead.
+            self._explain_rejection(exc)
+            raise
+
+    def _explain_rejection(self, exc: InvalidRequestError) -> None:
+        """Raise TableSchemaError (from ``exc``) when the table's layout is the reason
+        DynamoDB rejected a request; return when the layout is fine."""
+        if cached_validation(self._ctx.target) is not None:
+            return
+        try:
+            info = run_plan(self.client, validate_plan(self._ctx), self._sleep)
+        except TableSchemaError as schema:
+            raise schema from exc
+        remember_validation(self._ctx.target, info)
+
+    def check_stamp(self) -> int | None:
+        """Refuse a store stamped by a newer lancetx (one GetItem per table per process).
+        Raises StoreSchemaTooNewError, or what reading the table raises (e.g.
+        TableNotFoundError, TableSchemaError)."""
+        from lancetx.externalstore.store_schema import check_stamp_with
+
+        return check_stamp_with(self.client, self.table_name, self._run)
 
     def validate(self) -> TableInfo:
-        """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        """Check the table's layout and the store's layout stamp (each once per table per
+        process). Raises TableNotFoundError / TableSchemaError / StoreSchemaTooNewError."""
+        info = self.validate_layout()
+        self.check_stamp()  # a newer lancetx's layout: refuse
+        return info
+
+    def validate_layout(self) -> TableInfo:
+        """Check the table's key layout (DescribeTable, cached per process). Raises
+        TableNotFoundError / TableSchemaError."""
         info = cached_validation(self._ctx.target)
         if info is None:
             info = self._run(validate_plan(self._ctx))
-            from lancetx.externalstore.store_schema import check_stamp
-
-            check_stamp(self.client, self.table_name)  # a newer lancetx's layout: refuse
             remember_validation(self._ctx.target, info)
         self.table_info = info
         if info.arn:

@@ -177,13 +177,15 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def validate(self) -> TableInfo:
         """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        from lancetx.externalstore.store_schema import check_stamp_async
+
         info = cached_validation(self._ctx.target)
         if info is None:
             info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)
-            from lancetx.externalstore.store_schema import check_stamp_async
-
-            await check_stamp_async(self.client, self._ctx.table)  # a newer layout: refuse
             remember_validation(self._ctx.target, info)
+        # Cached per process too; checked even when the layout was (a sync connection's
+        # checks cache the layout and the stamp separately).
+        await check_stamp_async(self.client, self._ctx.table)  # a newer layout: refuse
         self.table_info = info
         if info.arn:
             self._ctx.target = replace(self._ctx.target, arn=info.arn)

@@ -16,6 +16,7 @@ idempotent steps from one layout to the next, one ``match`` arm each.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,12 +118,20 @@ def check_stamp(client: Any, table: str) -> int | None:
 
     Returns the stamped layout (None if unstamped). Raises StoreSchemaTooNewError.
     """
+    return check_stamp_with(client, table, lambda plan: run_plan(client, plan))
+
+
+def check_stamp_with(
+    client: Any, table: str, run: Callable[[Plan[int | None]], int | None]
+) -> int | None:
+    """:func:`check_stamp`, the read performed by ``run`` (e.g. a store's driver, which
+    explains a rejected request by the table's layout)."""
     key = _cache_key(client, table)
     with _LOCK:
         cached = key in _CHECKED
         found = _CHECKED.get(key)
     if not cached:
-        found = read_stamp(client, table)
+        found = run(read_stamp_plan(PlanContext(target_of(client, table))))
         with _LOCK:
             _CHECKED[key] = found
     return _refuse_newer(table, found)
@@ -208,6 +217,7 @@ __all__ = [
     "StoreSchemaTooNewError",
     "check_stamp",
     "check_stamp_async",
+    "check_stamp_with",
     "clear_stamp_cache",
     "migrate",
     "read_stamp",

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from lancetx.commit.engine.committer import Committed, Parent, load_parent
 from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.format.schema import fields_to_arrow_schema
 from lancetx.externalstore.connect import TableConnection, connect
@@ -148,22 +149,35 @@ class TableState:
         assert found is not None
         return found
 
-    def dataset(self, version: int) -> LanceDataset:
-        """pylance's dataset at ``version`` (opened once per version, sharing one session)."""
+    def dataset(self, version: int, manifest: ManifestFile | None = None) -> LanceDataset:
+        """pylance's dataset at ``version`` (opened once per version, sharing one session).
+
+        The manifest of ``version`` if the caller holds it (or it is the newest known
+        version's) is handed to pylance, which then does not GET it again."""
         with self._lock:
             cached = self._datasets.get(version)
             any_open = next(iter(self._datasets.values()), None)
+            if manifest is None and self.parent is not None and self.parent.version == version:
+                manifest = self.parent.manifest
         if cached is not None:
             return cached
-        if any_open is not None:
+        import lance
+
+        if manifest is not None:
+            ds = lance.LanceDataset(
+                self.conn.data_uri,
+                version=version,
+                storage_options=self.pylance_storage_options(),
+                serialized_manifest=serialized_for_pylance(manifest),
+                session=any_open.session() if any_open is not None else None,
+            )
+        elif any_open is not None:
             ds = any_open.checkout_version(version)
         else:
-            import lance
-
             ds = lance.dataset(
                 self.conn.data_uri,
                 version=version,
-                storage_options=pylance_options(self.conn.storage_options) or None,
+                storage_options=self.pylance_storage_options(),
             )
         with self._lock:
             if len(self._datasets) >= 8:  # a writer moves forward; keep the newest few
@@ -176,13 +190,14 @@ class TableState:
     def dataset_to_write(self, parent: Parent) -> LanceDataset:
         """A pylance dataset to write new data files for ``parent``: any one already
         open whose schema and data format are ``parent``'s (data files do not depend on
-        anything else), so back-to-back appends do not re-open each new version."""
-        wanted = _signature(parent)
+        anything else), so back-to-back appends do not re-open each new version; else
+        ``parent``'s, opened from the manifest in hand (no LIST, no manifest GET)."""
+        wanted = data_file_signature(parent.manifest.manifest)
         with self._lock:
             for version, signature in sorted(self._signatures.items(), reverse=True):
                 if signature == wanted and version in self._datasets:
                     return self._datasets[version]
-        ds = self.dataset(parent.version)
+        ds = self.dataset(parent.version, parent.manifest)
         with self._lock:
             self._signatures[parent.version] = wanted
         return ds
@@ -194,14 +209,6 @@ class TableState:
 
     def pylance_storage_options(self) -> dict[str, str] | None:
         return pylance_options(self.conn.storage_options) or None
-
-
-def _signature(parent: Parent) -> bytes:
-    m = parent.manifest.manifest
-    parts = [f.SerializeToString(deterministic=True) for f in m.fields]
-    parts.append(repr(sorted(m.schema_metadata.items())).encode())
-    parts.append(m.data_format.SerializeToString(deterministic=True))
-    return b"\x00".join(parts)
 
 
 __all__ = ["IDEMPOTENCY_HORIZON", "TableState", "pylance_options"]

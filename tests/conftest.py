@@ -11,6 +11,7 @@ imported, and only tests marked ``integration`` are meant to run.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ import external_backend
 import pytest
 from hypothesis import settings
 
+from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.externalstore.embedded import EmbeddedAws
 
 # CI runs a fixed set of examples (a landing must not depend on a lucky seed);
@@ -36,6 +38,11 @@ for _key, _value in {
     os.environ[_key] = _value
 for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
     os.environ.pop(_key, None)
+# botocore's data copies (lancetx.commit.storage.aws_model_cache) go to a temporary
+# directory, not the home of whoever runs the tests; subprocesses inherit it.
+os.environ.setdefault(
+    "LANCETX_AWS_MODEL_CACHE", os.path.join(tempfile.gettempdir(), "lancetx-tests-botocore")
+)
 
 
 if external_backend.selected():
@@ -58,6 +65,13 @@ def pytest_report_header(config: pytest.Config) -> str:
             "moto: refused at import"
         )
     return "backend: embedded moto server (S3 + DynamoDB on 127.0.0.1)"
+
+
+@pytest.fixture(autouse=True)
+def _own_aws_clients() -> None:
+    """Each test starts without the process's shared boto3 clients: event handlers a
+    test registers on them (request logs, fault hooks) must not outlive it."""
+    clear_client_cache()
 
 
 @pytest.fixture(scope="session")

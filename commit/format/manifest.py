@@ -358,6 +358,53 @@ def read_manifest_at(store: ObjectStore, location: ManifestLocation) -> Manifest
         return read_manifest(store, location.alternate_key, size=location.size)
 
 
+def section_positions(
+    indices: Sequence[table_pb2.IndexMetadata] | None,
+    transaction: transaction_pb2.Transaction | None,
+) -> tuple[int | None, int | None]:
+    """Where :func:`encode_manifest` puts the index section and the inline transaction
+    (None: not written)."""
+    index_position = 0 if indices is not None else None
+    end = 0
+    if indices is not None:
+        section = table_pb2.IndexSection()
+        section.indices.extend(indices)
+        end = len(_length_prefixed(section.SerializeToString()))
+    return index_position, (end if transaction is not None else None)
+
+
+def serialized_for_pylance(manifest_file: ManifestFile) -> bytes:
+    """The Manifest message as pylance serializes it for ``LanceDataset(...,
+    serialized_manifest=)``: the message as stored in the file, with the positions of
+    its index section and inline transaction (pylance reads both from the file at
+    those offsets). Opening pylance with it skips its manifest GET.
+
+    A decoded file's positions are the file's; a manifest lancetx just committed (not
+    read back) gets the positions :func:`encode_manifest` gave it in the file."""
+    copy = table_pb2.Manifest()
+    copy.CopyFrom(manifest_file.manifest)
+    index_position, transaction_position = section_positions(
+        manifest_file.indices, manifest_file.transaction
+    )
+    if manifest_file.transaction_position is not None:
+        transaction_position = manifest_file.transaction_position
+    if index_position is not None and not copy.HasField("index_section"):
+        copy.index_section = index_position
+    if transaction_position is not None:
+        copy.inline_transaction_position = transaction_position
+    return copy.SerializeToString()
+
+
+def data_file_signature(manifest: table_pb2.Manifest) -> bytes:
+    """What new data files for a version depend on: its schema (fields with their ids,
+    schema metadata) and data storage format. Two versions with the same signature take
+    the same data files, so one pylance dataset can write them for both."""
+    parts = [f.SerializeToString(deterministic=True) for f in manifest.fields]
+    parts.append(repr(sorted(manifest.schema_metadata.items())).encode())
+    parts.append(manifest.data_format.SerializeToString(deterministic=True))
+    return b"\x00".join(parts)
+
+
 __all__ = [
     "FEATURE_FLAG_NAMES",
     "FLAG_BASE_PATHS",
@@ -375,9 +422,12 @@ __all__ = [
     "check_reader_flags",
     "check_writer_flags",
     "clear_file_positions",
+    "data_file_signature",
     "decode_manifest",
     "decode_manifest_tail",
     "encode_manifest",
     "read_manifest",
     "read_manifest_at",
+    "section_positions",
+    "serialized_for_pylance",
 ]

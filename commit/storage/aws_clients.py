@@ -1,56 +1,138 @@
-"""boto3 clients built from one shared session per profile.
+"""AWS clients: one shared session per profile, one client per configuration.
 
 A new ``boto3.Session`` re-reads botocore's service models, which costs
 150-400 ms per client (measured in ``benchmarks/``); a client from an existing
-session costs a few ms. Creating clients from one session is not thread-safe,
-so it happens under a lock; the clients themselves are thread-safe. Per-client
-credentials and region are passed to ``session.client`` rather than fixed on
-the session, so one session serves every configuration of a profile.
+session still costs a few ms, and the first one in a process ~80 ms. So a
+process builds each distinct client once (:func:`make_client` caches it by
+service, profile and every keyword argument, credentials and botocore config
+included) and every store configured the same way shares it: opening a table
+again in the same process builds nothing. Creating clients from one session is
+not thread-safe, so it happens under a lock; the clients themselves are
+thread-safe. Per-client credentials and region are passed to ``session.client``
+rather than fixed on the session, so one session serves every configuration of
+a profile.
+
+A shared client's event handlers are shared too: whoever registers one on it
+(a request counter, a guard) sees the requests of every store using it. Guards
+that must apply to some stores only belong in the cache key (``variant``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import boto3
+import botocore.session
+from botocore.config import Config
 from botocore.exceptions import InvalidRegionError
 from botocore.utils import validate_region_name
 
 from lancetx.commit.errors import StorageOptionError
+from lancetx.commit.storage import aws_model_cache
 
 _lock = threading.Lock()
-_sessions: dict[str | None, boto3.session.Session] = {}
+_sessions: dict[str | None, botocore.session.Session] = {}
+_clients: dict[tuple[str, str | None, str, str], Any] = {}
 
 
-def shared_session(profile: str | None = None) -> boto3.session.Session:
-    """The process-wide session for ``profile`` (created on first use)."""
+def shared_session(profile: str | None = None) -> botocore.session.Session:
+    """The process-wide botocore session for ``profile`` (created on first use).
+
+    A botocore session rather than boto3's: boto3 adds its S3 transfer methods
+    (``upload_file``…) to every S3 client, which imports ``s3transfer`` and
+    ``multiprocessing`` (~20 ms in a fresh process) for methods lancetx never calls.
+    The clients are the same botocore clients; their User-Agent names lancetx.
+    """
     with _lock:
         session = _sessions.get(profile)
         if session is None:
-            session = boto3.session.Session(profile_name=profile)
+            session = botocore.session.Session(profile=profile)
+            session.user_agent_name = "lancetx"
+            session.user_agent_version = _version()
+            # Service data from the on-disk copy (see :mod:`.aws_model_cache`): the
+            # first client of a process is most of a fresh process's table open.
+            aws_model_cache.install(session)
             _sessions[profile] = session
         return session
 
 
-def make_client(service: str, *, profile: str | None = None, **kwargs: Any) -> Any:
-    """``session.client(service, **kwargs)`` from the shared session of ``profile``.
+def session_region(profile: str | None = None) -> str | None:
+    """The region ``profile`` (or the environment) configures, if any."""
+    region = shared_session(profile).get_config_variable("region")
+    return region if isinstance(region, str) and region else None
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("lancetx")
+    except Exception:  # not installed as a distribution (a source checkout)
+        return "0"
+
+
+def _config_key(value: Any) -> Any:
+    if isinstance(value, Config):
+        # A Config compares by identity; what it was built from says what it does.
+        return ("Config", sorted((k, repr(v)) for k, v in vars(value).items()))
+    return repr(value)
+
+
+def client_key(kwargs: Mapping[str, Any]) -> str:
+    """What makes two clients of one service and profile interchangeable: every
+    argument they were built from."""
+    return repr(sorted((k, _config_key(v)) for k, v in kwargs.items()))
+
+
+def make_client(
+    service: str,
+    *,
+    profile: str | None = None,
+    variant: str = "",
+    setup: Callable[[Any], None] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """The process's client for ``session.client(service, **kwargs)`` from the shared
+    session of ``profile``: built on first use, then shared by every caller asking for
+    the same service, profile, ``variant`` and keyword arguments. ``setup`` runs once
+    on a new client (e.g. to register an event guard); callers whose clients need
+    different setups pass different ``variant`` names.
 
     Raises StorageOptionError when the region (from the options, the environment or
     the profile) is not a region name, instead of botocore's InvalidRegionError.
     """
+    key = (service, profile, variant, client_key(kwargs))
+    with _lock:
+        client = _clients.get(key)
+    if client is not None:
+        return client
     session = shared_session(profile)
     with _lock:
+        client = _clients.get(key)
+        if client is not None:
+            return client
         try:
-            return session.client(service, **kwargs)  # type: ignore[call-overload]
+            client = session.create_client(service, **kwargs)
         except InvalidRegionError as exc:
-            region = kwargs.get("region_name") or session.region_name
+            region = kwargs.get("region_name") or session.get_config_variable("region")
             raise StorageOptionError(
                 f"the {service} client's region {region!r} is not an AWS region name "
                 "(e.g. 'us-east-1'); set the storage option aws_region (for DynamoDB: "
                 "dynamodb_region) or the environment variable AWS_REGION"
                 + (f", or fix the region of AWS profile {profile!r}" if profile else "")
             ) from exc
+        if setup is not None:
+            setup(client)
+        _clients[key] = client
+        return client
+
+
+def clear_client_cache() -> None:
+    """Forget the shared clients (tests; after changing credentials in the environment):
+    the next :func:`make_client` builds new ones. Clients already handed out keep working."""
+    with _lock:
+        _clients.clear()
 
 
 def is_region_name(region: str) -> bool:

@@ -266,8 +266,10 @@ class S3Config:
             kwargs["region_name"] = self.region
         return kwargs
 
-    def create_client(self) -> S3Client:
-        """A new boto3 S3 client (from the profile's shared session; safe from any thread)."""
+    def create_client(self, *, legacy_guard: bool = False) -> S3Client:
+        """The process's boto3 S3 client for this configuration (built once, then shared
+        by every store configured the same way; safe from any thread). With
+        ``legacy_guard`` it is the variant that refuses conditional headers."""
         credentials = {
             "aws_access_key_id": self.access_key_id,
             "aws_secret_access_key": self.secret_access_key,
@@ -277,9 +279,20 @@ class S3Config:
         kwargs = {k: v for k, v in credentials.items() if v is not None}
         kwargs.update(self.client_kwargs())
         client: S3Client = make_shared_client(
-            "s3", profile=self.profile, config=Config(**self.config_kwargs()), **kwargs
+            "s3",
+            profile=self.profile,
+            variant="legacy" if legacy_guard else "",
+            setup=_install_legacy_guard if legacy_guard else None,
+            config=Config(**self.config_kwargs()),
+            **kwargs,
         )
         return client
+
+
+def _install_legacy_guard(client: Any) -> None:
+    client.meta.events.register(
+        "before-send.s3", refuse_conditional_headers, unique_id="lancetx-legacy-guard"
+    )
 
 
 # ------------------------------------------------------------------- error mapping
@@ -605,9 +618,11 @@ class S3ObjectStore(ObjectStore):
     made from ``config`` (default: boto3's environment). ``legacy=True``
     declares a store that may ignore conditional headers: none is ever sent,
     ``capabilities.conditional_put`` is False and ``put_if_not_exists`` raises
-    :class:`UnsupportedOperationError`. On a client the store creates itself, a
-    legacy store also installs a ``before-send`` guard that refuses any request
-    carrying a conditional header. ``consistent_list=False`` declares a store
+    :class:`UnsupportedOperationError`. Without ``client``, the store uses the
+    process's shared client for ``config`` (built once per configuration, see
+    :mod:`lancetx.commit.storage.aws_clients`); for a legacy store that is a client
+    with a ``before-send`` guard that refuses any request carrying a conditional
+    header. ``consistent_list=False`` declares a store
     whose listings may miss completed writes. ``page_size`` is ListObjectsV2's
     ``MaxKeys``.
 
@@ -642,14 +657,14 @@ class S3ObjectStore(ObjectStore):
             lexically_ordered_list=True,
             consistent_list=consistent_list,
         )
-        self._owns_client = client is None
+        # A client built from a config is the process's shared one for that config
+        # (see :mod:`.aws_clients`): closing it would close it for every store.
+        self._owns_client = False
         self._client: S3Client = (
-            client if client is not None else (config or S3Config()).create_client()
+            client
+            if client is not None
+            else (config or S3Config()).create_client(legacy_guard=legacy)
         )
-        if legacy and self._owns_client:
-            self._client.meta.events.register(
-                "before-send.s3", refuse_conditional_headers, unique_id="lancetx-legacy-guard"
-            )
 
     @property
     def client(self) -> S3Client:
@@ -657,7 +672,8 @@ class S3ObjectStore(ObjectStore):
         return self._client
 
     def close(self) -> None:
-        """Close the HTTP connections of a client this store created."""
+        """Nothing to release: the store's client is shared with the process (or the
+        caller's own), and outlives the store."""
         if self._owns_client:
             self._client.close()
 

@@ -73,8 +73,9 @@ def test_a_store_stamped_by_a_newer_lancetx_is_refused(
     clear_stamp_cache()
     with pytest.raises(StoreSchemaTooNewError, match="upgrade lancetx"):
         DynamoDBManifestStore(client, ddb_table_name)
-    with pytest.raises(StoreSchemaTooNewError):
-        connect(f"s3+ddb://any/t.lance?ddbTableName={ddb_table_name}", options)
+    conn = connect(f"s3+ddb://any/t.lance?ddbTableName={ddb_table_name}", options)
+    with pytest.raises(StoreSchemaTooNewError):  # at the connection's first use
+        conn.handler.resolve_latest(conn.base)
 
     async def open_async() -> None:
         config = DynamoDBConfig.from_options(options)
@@ -216,8 +217,13 @@ def test_migrate_to_conditional_put_refuses_a_legacy_store_then_moves_the_table(
     assert moved.json["new_uri"] == new_uri
     assert any(new_uri in change for change in moved.json["pylance_changes"])
 
-    with pytest.raises(TableMovedError, match=new_uri):
-        connect(table.uri, table.options)
+    stale = connect(table.uri, table.options)  # sends nothing yet
+    with pytest.raises(TableMovedError, match=new_uri):  # refused at its first use
+        stale.handler.resolve_latest(stale.base)
+    with pytest.raises(TableMovedError, match=new_uri):  # and at every later one
+        lancetx_append(
+            stale.handler, stale.base, stale.data_uri, table.options, batch("stale", 0, 2)
+        )
     assert read_versions(new_uri, table.options) == before
     conn = connect(new_uri, table.options)  # conditional PUT from here on
     lancetx_append(conn.handler, conn.base, conn.data_uri, table.options, batch("after", 0, 2))

@@ -16,12 +16,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import boto3
 import lance
 import pyarrow as pa
 import pytest
 
+from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.connect import connect
 from lancetx.externalstore.dynamodb import (
     DEFAULT_REGION,
     DynamoDBConfig,
@@ -50,6 +53,7 @@ from lancetx.externalstore.errors import (
     ThrottledError,
 )
 from lancetx.externalstore.retry import RetryPolicy
+from lancetx.externalstore.store_schema import clear_stamp_cache
 from lancetx.externalstore.uri import canonical_base_uri
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
@@ -219,6 +223,60 @@ def test_wrong_table_layout_is_refused(
     # create_table on an existing, wrongly shaped table refuses it too.
     with pytest.raises(TableSchemaError):
         create_table(client, ddb_table_name)
+
+
+def test_a_connection_to_a_missing_table_fails_at_its_first_read(
+    aws: EmbeddedAws, ddb_table_name: str
+) -> None:
+    """connect() sends nothing; the missing table is reported at the first read, still
+    naming the table, region, endpoint and the remedy."""
+    clear_validation_cache()
+    conn = connect(
+        f"s3+ddb://some-bucket/t.lance?ddbTableName={ddb_table_name}",
+        aws.pylance_storage_options(),
+    )
+    with pytest.raises(TableNotFoundError) as info:
+        load_parent(conn.handler, conn.base)
+    message = str(info.value)
+    for needle in (
+        f"table/{ddb_table_name}",
+        "us-east-1",
+        aws.dynamodb_endpoint,
+        f"create-table --table-name {ddb_table_name} ",
+    ):
+        assert needle in message, needle
+
+
+@pytest.mark.parametrize(
+    ("keys", "found"),
+    [
+        ([("id", "HASH", "S"), ("version", "RANGE", "N")], "HASH id (S)"),
+        ([("base_uri", "HASH", "S"), ("v", "RANGE", "N")], "RANGE v (N)"),
+        ([("base_uri", "HASH", "S")], "HASH base_uri (S)"),
+        ([("base_uri", "HASH", "S"), ("version", "RANGE", "S")], "RANGE version (S)"),
+    ],
+)
+def test_a_connection_to_a_table_of_another_layout_fails_at_its_first_use(
+    aws: EmbeddedAws,
+    config: DynamoDBConfig,
+    ddb_table_name: str,
+    keys: list[tuple[str, str, str]],
+    found: str,
+) -> None:
+    """The layout is checked beside the first request and reported instead of its
+    result (or of the error DynamoDB gave for our keys)."""
+    make_table(make_client(config), ddb_table_name, keys)
+    clear_validation_cache()
+    clear_stamp_cache()
+    uri = f"s3+ddb://some-bucket/t.lance?ddbTableName={ddb_table_name}"
+    conn = connect(uri, aws.pylance_storage_options())
+    with pytest.raises(TableSchemaError) as info:
+        load_parent(conn.handler, conn.base)
+    message = str(info.value)
+    assert found in message and f"table/{ddb_table_name}" in message
+    assert "HASH key base_uri (type S) and RANGE key version (type N)" in message
+    with pytest.raises(TableSchemaError):  # and again: a failed check is not forgotten
+        load_parent(conn.handler, conn.base)
 
 
 def test_unreachable_endpoint(ddb_table_name: str) -> None:
@@ -673,7 +731,8 @@ def test_validation_is_cached_per_table(
     calls: Counter[str] = Counter()
 
     def counting_client() -> Any:
-        client = make_client(config)
+        # A client of its own (make_client's is shared by the process).
+        client = boto3.session.Session().client("dynamodb", **config.client_kwargs())
         client.meta.events.register(
             "before-parameter-build.dynamodb.DescribeTable",
             lambda params, **_: calls.update([params["TableName"]]),

@@ -1,8 +1,10 @@
 """The request budget of the external-store protocol, counted on the wire.
 
 Every HTTP request our S3 and DynamoDB clients send is recorded by a botocore
-``before-send`` hook (``RequestLog``). The DynamoDB table is validated
-(DescribeTable) before counting starts. Budgets:
+``before-send`` hook (``RequestLog``), or by the server (``ServerLog``), which also
+sees pylance's requests. A connection's table checks (the store's layout stamp, the
+table's moved record), which ride along its first request, are done before counting
+starts. Budgets:
 
 * an uncontended commit by a writer that holds its parent (the ``Committed``
   of its previous commit): PUT transaction file, PUT staged manifest, PutItem
@@ -17,7 +19,11 @@ Every HTTP request our S3 and DynamoDB clients send is recorded by a botocore
 * a writer whose process lost a round on the table moments ago takes a ticket
   in the commit queue (one UpdateItem), asks for newer versions (one Query)
   before staging instead of losing its first claim, and serves its ticket as
-  soon as its claim is won (one UpdateItem).
+  soon as its claim is won (one UpdateItem);
+* connecting sends nothing; the first read is its own requests plus the checks beside
+  it; no DescribeTable after the first use in a process;
+* an append by a writer holding its parent, counted on the server with pylance's
+  data-file PUT: 7 requests (the data file + the commit), no LIST, no HEAD, no GET.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import lance
 import pytest
 from protocol_helpers import (
     RequestLog,
+    ServerLog,
     batch,
     create_transaction,
     ddb_uri,
@@ -39,6 +47,7 @@ from protocol_helpers import (
     pylance_create,
 )
 
+import lancetx
 from lancetx.commit.engine import contention
 from lancetx.commit.engine.committer import (
     CommitOptions,
@@ -49,16 +58,18 @@ from lancetx.commit.engine.committer import (
 )
 from lancetx.commit.engine.events import CommitEvent
 from lancetx.commit.errors import IncompatibleConflictError
-from lancetx.commit.format.manifest import read_manifest_at
+from lancetx.commit.format.manifest import read_manifest_at, serialized_for_pylance
 from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
+from lancetx.externalstore import demo
 from lancetx.externalstore.commit_handler import (
     AsyncExternalStoreCommitHandler,
     ExternalStoreCommitHandler,
 )
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig
+from lancetx.externalstore.dynamodb import DynamoDBConfig, clear_validation_cache
 from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.embedded import (
     DEFAULT_REGION,
@@ -66,6 +77,7 @@ from lancetx.externalstore.embedded import (
     FAKE_SECRET_KEY,
     EmbeddedAws,
 )
+from lancetx.externalstore.store_schema import clear_stamp_cache
 
 ROWS = 10
 COMMIT = ["PutObject", "PutObject", "PutItem", "CopyObject", "PutItem", "DeleteObject"]
@@ -94,7 +106,8 @@ def counted(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Iterat
     ensure_ddb_table(options, ddb_table_name)
     uri = ddb_uri(bucket, "budget.lance", ddb_table_name)
     pylance_create(uri, options, batch("setup", 0, ROWS))
-    conn = connect(uri, options)  # validates the DynamoDB table (DescribeTable) here
+    conn = connect(uri, options)
+    conn.handler.resolve_latest(conn.base)  # the table's checks ride on the first request
     log = RequestLog()
     log.attach(conn.handler.store.client, "s3")  # type: ignore[attr-defined]
     log.attach(conn.handler.entries.client, "dynamodb")  # type: ignore[attr-defined]
@@ -347,3 +360,127 @@ def test_without_recent_contention_the_holder_of_its_parent_reads_nothing(
     counted.log.clear()
     second = append(counted, "loser", 1, first)
     assert second.attempts == 1 and counted.ops() == COMMIT
+
+
+# ------------------------------------------------------------ cold start and data path
+
+
+@pytest.fixture
+def fresh_process() -> Iterator[None]:
+    """As in a new process: no shared clients, no table validated or checked yet."""
+
+    def forget() -> None:
+        clear_client_cache()
+        clear_validation_cache()
+        clear_stamp_cache()
+
+    forget()
+    yield
+    forget()
+
+
+@pytest.fixture
+def table_uri(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> tuple[str, dict[str, str]]:
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "cold.lance", ddb_table_name)
+    pylance_create(uri, options, batch("setup", 0, ROWS))
+    return uri, options
+
+
+def test_a_fresh_connection_sends_nothing_before_its_first_read(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]], fresh_process: None
+) -> None:
+    uri, options = table_uri
+    clear_validation_cache()  # creating the table above validated it in this process
+    clear_stamp_cache()
+    with ServerLog(legacy_aws) as log:
+        conn = connect(uri, options)
+        assert log.operations() == []  # no DescribeTable, no GetItem
+
+        parent = load_parent(conn.handler, conn.base)
+        assert parent is not None and parent.version == 1
+        # The read itself (Query + GET of the manifest's tail); beside it, on another
+        # thread, the checks: the table's layout, the store's layout stamp, the
+        # table's moved record.
+        checks = ["DescribeTable", "GetItem", "GetItem"]
+        assert sorted(log.operations()) == sorted(["Query", "GetObject", *checks])
+        log.clear()
+
+        assert load_parent(conn.handler, conn.base) is not None
+        assert log.operations() == ["Query", "GetObject"]  # checks are not repeated
+        log.clear()
+
+        # Another connection in the same process: clients, the layout and the stamp
+        # are the process's (no DescribeTable after the first use); only the moved
+        # record is read again (a migration may happen while
+        # the process runs).
+        again = connect(uri, options)
+        assert log.operations() == []
+        assert load_parent(again.handler, again.base) is not None
+        assert sorted(log.operations()) == ["GetItem", "GetObject", "Query"]
+    assert again.handler.store.client is conn.handler.store.client  # type: ignore[attr-defined]
+    assert again.handler.entries.client is conn.handler.entries.client  # type: ignore[attr-defined]
+
+
+APPEND = ["PutObject", *COMMIT]  # pylance's data file, then the commit
+
+
+def test_an_append_by_the_holder_of_its_parent_is_seven_requests_on_the_server(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]]
+) -> None:
+    """Counted on the server, pylance's data-file write included: the data path opens
+    no table (no LIST of _versions/, no manifest GET, no HEAD) once a writer holds it."""
+    uri, options = table_uri
+    conn = connect(uri, options)
+    held = demo.lancetx_append(conn, batch("w", 0, ROWS), None)  # loads the parent
+    with ServerLog(legacy_aws) as log:
+        for seq in range(1, 4):
+            held = demo.lancetx_append(conn, batch("w", seq, ROWS), held)
+            assert log.operations() == APPEND, seq
+            log.clear()
+    assert held.version == 5
+    rows = lance.dataset(uri, storage_options=options).to_table()
+    assert sorted(rows.column("seq").to_pylist()) == sorted([0] * ROWS * 2 + [1, 2, 3] * ROWS)
+
+
+def test_table_appends_open_pylance_from_the_held_manifest(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]]
+) -> None:
+    uri, options = table_uri
+    table = lancetx.open(uri, storage_options=options)
+    with ServerLog(legacy_aws) as log:
+        table.append(batch("t", 0, ROWS))
+        # pylance is opened on the version lancetx holds, from its manifest: one HEAD
+        # (pylance's own check of the manifest's location), no LIST, no GET.
+        assert sorted(log.operations()) == sorted(["HeadObject", *APPEND])
+        log.clear()
+        for seq in range(1, 3):
+            table.append(batch("t", seq, ROWS))
+            assert log.operations() == APPEND, seq
+            log.clear()
+    assert table.version == 4
+    assert table.count_rows() == 4 * ROWS
+    fresh = lance.dataset(uri, storage_options=options)
+    assert fresh.version == 4 and fresh.count_rows() == 4 * ROWS
+    assert fresh.schema == table.to_table().schema
+
+
+def test_pylance_opened_from_a_committed_manifest_is_pylance_reading_the_file(
+    table_uri: tuple[str, dict[str, str]],
+) -> None:
+    """The manifest lancetx hands pylance after its own commit (never read back) carries
+    the file's section positions: pylance sees the same indices and transaction."""
+    uri, options = table_uri
+    table = lancetx.open(uri, storage_options=options)
+    table.create_index("seq", "BTREE")
+    version = table.append(batch("t", 1, ROWS))
+    held = table._state.parent  # what the Table committed, as the commit loop built it
+    assert held is not None and held.version == version
+
+    from_file = lance.dataset(uri, version=version, storage_options=options)
+    assert serialized_for_pylance(held.manifest) == from_file._ds.serialized_manifest()
+    names = [i.name for i in table.dataset.describe_indices()]
+    assert names and names == [i.name for i in from_file.describe_indices()]

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -155,6 +156,29 @@ def test_legacy_guard_refuses_conditional_requests_on_its_client(
         store.client.put_object(Bucket=bucket, Key="k", Body=b"x", IfNoneMatch="*")
     with pytest.raises(ObjectNotFoundError):
         store.head("k")  # nothing reached the server
+
+
+def test_stores_configured_alike_share_one_client_and_the_guard_stays_with_legacy(
+    aws: EmbeddedAws, bucket: str
+) -> None:
+    """One client per configuration and process (building one costs ~5-80 ms), but a
+    legacy store's guard never reaches a store that may send conditional requests."""
+    config = s3_config(aws.endpoint)
+    modern, modern_again = (
+        S3ObjectStore(bucket, config=config),
+        S3ObjectStore(bucket, config=config),
+    )
+    legacy = S3ObjectStore(bucket, config=config, legacy=True)
+    assert modern.client is modern_again.client
+    assert legacy.client is S3ObjectStore(bucket, config=config, legacy=True).client
+    assert legacy.client is not modern.client
+    other = S3ObjectStore(bucket, config=replace(config, read_timeout=7.0))
+    assert other.client is not modern.client
+    modern.put_if_not_exists("shared/_versions/1.manifest", b"m")  # not refused
+    with pytest.raises(UnsupportedOperationError):
+        legacy.client.put_object(Bucket=bucket, Key="k", Body=b"x", IfNoneMatch="*")
+    modern.close()  # a shared client outlives the store that was handed it
+    assert modern_again.get("shared/_versions/1.manifest") == b"m"
 
 
 @pytest.mark.embedded_only

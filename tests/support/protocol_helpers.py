@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,7 @@ from lancetx.commit.storage.s3store_async import AsyncObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table, make_client
+from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest
 from lancetx.externalstore.protocol import (
     CommitOutcome,
     Effect,
@@ -282,6 +284,58 @@ class RequestLog:
     def with_conditional_headers(self) -> list[Request]:
         with self._lock:
             return [r for r in self.requests if r.conditional]
+
+
+class ServerLog:
+    """Every request the embedded server receives, whoever sent it (pylance's Rust
+    clients included, which a botocore hook never sees), by AWS operation name.
+    Installed as the server's interceptor while the ``with`` block runs."""
+
+    def __init__(self, aws: EmbeddedAws) -> None:
+        self.aws = aws
+        self._lock = threading.Lock()
+        self._operations: list[str] = []
+
+    def __enter__(self) -> ServerLog:
+        self.aws.set_interceptor(self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.aws.set_interceptor(None)
+
+    def _record(self, request: InterceptedRequest) -> None:
+        with self._lock:
+            self._operations.append(server_operation(request))
+
+    def operations(self) -> list[str]:
+        with self._lock:
+            return list(self._operations)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._operations.clear()
+
+
+def server_operation(request: InterceptedRequest) -> str:
+    """The AWS operation of a request as the server saw it."""
+    if request.service == "dynamodb":
+        return request.target
+    query = urllib.parse.parse_qs(request.query, keep_blank_values=True)
+    headers = {k.lower() for k in request.headers}
+    match request.method:
+        case "HEAD":
+            return "HeadObject"
+        case "DELETE":
+            return "DeleteObject"
+        case "POST":
+            return "DeleteObjects" if "delete" in query else "MultipartUpload"
+        case "PUT":
+            if "x-amz-copy-source" in headers:
+                return "CopyObject"
+            return "UploadPart" if "uploadId" in query else "PutObject"
+        case "GET":
+            return "ListObjectsV2" if "list-type" in query else "GetObject"
+    return request.method
 
 
 def _service_id(service: str) -> str:
