@@ -408,9 +408,9 @@ def _wait_for_turn(
     while turn.ticket - turn.served - 1 > 0:
         ahead_now = turn.ticket - turn.served - 1
         into_turn = time.time() - turn.served_at if turn.served_at else None
-        yield Sleep(
-            contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
-        )
+        _w = contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
+        log.debug("DBG t%d ahead %d wait %.3f into %s work %.3f int %.3f", turn.ticket, ahead_now, _w, into_turn, contended.turn_work, contended.turn_interval)
+        yield Sleep(_w)
         watching = ahead_now == 1
         now = time.monotonic()
         looks += 1
@@ -429,7 +429,14 @@ def _wait_for_turn(
             if turns is None:
                 break
             if turns.served > last_served:
-                contended.turns_served(turns.served - last_served, now - last_change)
+                if turn.served_at and turns.served_at > turn.served_at:
+                    # Timed by the serving writers themselves: exact, however
+                    # seldom we look.
+                    contended.turns_served(
+                        turns.served - last_served, turns.served_at - turn.served_at
+                    )
+                else:
+                    contended.turns_served(turns.served - last_served, now - last_change)
                 last_served, last_change = turns.served, now
                 turn.served = turns.served
                 turn.served_version = max(turn.served_version, turns.served_version)

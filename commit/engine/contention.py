@@ -195,12 +195,12 @@ def turn_wait(
     """
     work = turn_work(contended)
     if ahead > 1:
-        # Far back, by the observed time between turns (handoffs included): by
-        # pure work it would look several times per turn ahead of it. A little
-        # early still; the next in line does not depend on it.
-        between = max(work, contended.turn_interval or work)
-        done = min(into_turn, between) if into_turn is not None else 0.0
-        wait = 0.8 * ((ahead - 1) * between - done)
+        # Far back, by work too: early, by the handoffs in between, so it looks
+        # again a few times on the way (a read each) — never late. Timing it by
+        # the observed time between turns fed every late look back into longer
+        # sleeps, and the queue went in bursts.
+        done = min(into_turn, work) if into_turn is not None else 0.0
+        wait = 0.9 * ((ahead - 1) * work - done)
     elif first_look:
         # Next in line, by work only: timing it by observed intervals would feed
         # every idle gap back into the next wait.
