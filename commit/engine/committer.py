@@ -408,9 +408,9 @@ def _wait_for_turn(
     while turn.ticket - turn.served - 1 > 0:
         ahead_now = turn.ticket - turn.served - 1
         into_turn = time.time() - turn.served_at if turn.served_at else None
-        _w = contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
-        log.debug("DBG t%d ahead %d wait %.3f into %s work %.3f int %.3f", turn.ticket, ahead_now, _w, into_turn, contended.turn_work, contended.turn_interval)
-        yield Sleep(_w)
+        yield Sleep(
+            contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
+        )
         watching = ahead_now == 1
         now = time.monotonic()
         looks += 1

@@ -199,8 +199,9 @@ def turn_wait(
         # again a few times on the way (a read each) — never late. Timing it by
         # the observed time between turns fed every late look back into longer
         # sleeps, and the queue went in bursts.
-        done = min(into_turn, work) if into_turn is not None else 0.0
-        wait = 0.9 * ((ahead - 1) * work - done)
+        between = max(work, min(contended.turn_interval or work, 1.5 * work))
+        done = min(into_turn, between) if into_turn is not None else 0.0
+        wait = 0.95 * ((ahead - 1) * between - done)
     elif first_look:
         # Next in line, by work only: timing it by observed intervals would feed
         # every idle gap back into the next wait.
