@@ -65,3 +65,28 @@ def test_tables_are_remembered_per_uri() -> None:
     a = contention.table_contention("s3://b/a.lance")
     assert contention.table_contention("s3://b/a.lance") is a
     assert contention.table_contention("s3://b/other.lance") is not a
+
+
+def test_queue_waits_are_timed_by_turn_work_not_by_late_turns() -> None:
+    table = contention.TableContention()
+    policy = RetryPolicy()
+    assert contention.turn_wait(policy, table, 1) == pytest.approx(contention.DEFAULT_TURN)
+    table.worked(0.1)
+    table.turns_served(1, 1.0)  # one turn took a second (a late look): not a measure of work
+    # Next in line: first look when the current turn's claim is due, then a quarter turn.
+    assert contention.turn_wait(policy, table, 1, into_turn=0.04) == pytest.approx(0.06)
+    assert contention.turn_wait(policy, table, 1, first_look=False) == pytest.approx(0.025)
+    # Far back: the time between turns counts at most 1.5 turns of work...
+    assert contention.turn_wait(policy, table, 5) == pytest.approx(0.95 * 4 * 0.15)
+    # ...and the time already spent in the current turn is taken off.
+    assert contention.turn_wait(policy, table, 5, into_turn=0.1) == pytest.approx(
+        0.95 * (4 * 0.15 - 0.1)
+    )
+    assert contention.turn_wait(policy, table, 1, into_turn=5.0) == pytest.approx(0.1 / 5)
+
+
+def test_a_stalled_queue_is_passed_after_several_turns_and_at_least_a_second() -> None:
+    table = contention.TableContention()
+    assert contention.stall_limit(table) == contention.MIN_STALL
+    table.turns_served(1, 0.5)
+    assert contention.stall_limit(table) == pytest.approx(contention.STALL_TURNS * 0.5)
