@@ -413,8 +413,8 @@ def _wait_for_turn(
         )
         watching = ahead_now == 1
         now = time.monotonic()
-        looks += 1
-        if ahead_now == 1 and looks % 4 != 0:
+        looks = looks + 1 if ahead_now == 1 else 0
+        if ahead_now == 1 and looks % 8 != 0:
             # Next in line: has the writer before us claimed its version yet?
             listed: list[ManifestLocation] = yield ListVersions(base, since)
             if listed and listed[-1].version > turn.served_version:
