@@ -366,7 +366,7 @@ def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -
     """Take a ticket unless we hold one; False when the handler keeps no queue."""
     if turn.ticket is not None:
         return True
-    if turn.unavailable:
+    if turn.unavailable or not contended.queue_fair(time.monotonic()):
         return False
     turns: Turns | None = yield TakeTicket(base)
     if turns is None:
@@ -1016,6 +1016,9 @@ def _load_listed(
             "(cleaned up, or not listed yet), so concurrent commits cannot be checked against "
             "them; re-read the table at its latest version and plan the transaction again",
         )
+    if any(loc.summary is None for loc in locations):
+        # Written by a writer that keeps no queue (pylance): see TableContention.queue_fair.
+        contention.table_contention(names.uri(base)).outsider(time.monotonic())
     newest = locations[-1].version
     loads = [
         _load_one(names, base, loc, need_manifest=loc.version == newest, known=known)

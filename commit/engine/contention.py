@@ -90,6 +90,8 @@ def delay(policy: RetryPolicy, losses: int, slot: float, rng: random.Random | No
 
 #: How long after a lost round a table counts as contended in this process.
 CONTENDED_FOR = 2.0
+#: How long after a version by a writer outside the queue the queue stays unused.
+OUTSIDERS_FOR = 10.0
 
 
 class TableContention:
@@ -101,7 +103,7 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost", "level", "slot", "turn_interval", "turn_work")
+    __slots__ = ("last_lost", "last_outsider", "level", "slot", "turn_interval", "turn_work")
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
@@ -112,6 +114,8 @@ class TableContention:
         self.level = 0.0
         #: Seconds per turn of the table's commit queue lately (moving average).
         self.turn_interval = 0.0
+        #: When a version committed by a writer outside the queue (pylance) was last seen.
+        self.last_outsider = -float("inf")
         #: Seconds from our turn to our won claim lately (moving average): how
         #: long the writer before us needs once its turn has come.
         self.turn_work = 0.0
@@ -124,6 +128,17 @@ class TableContention:
         """Others were waiting in the commit queue when we joined it: the table
         is contended even though, thanks to the queue, nobody lost a round."""
         self.last_lost = now
+
+    def outsider(self, now: float) -> None:
+        """A version was committed by a writer that keeps no queue (pylance)."""
+        self.last_outsider = now
+
+    def queue_fair(self, now: float) -> bool:
+        """Whether taking turns is fair to every writer of the table: not while
+        writers outside the queue commit to it. Queued writers claim back to back,
+        and an outsider's attempts — which take longer — would lose nearly every
+        round until its own retry budget runs out; random backoff leaves it gaps."""
+        return now - self.last_outsider > OUTSIDERS_FOR
 
     def worked(self, seconds: float) -> None:
         """Our turn came and our claim was won ``seconds`` later."""
@@ -250,6 +265,7 @@ __all__ = [
     "FIRST_WINDOW_SLOTS",
     "LEVEL_CAP",
     "MIN_STALL",
+    "OUTSIDERS_FOR",
     "STALL_TURNS",
     "TableContention",
     "delay",

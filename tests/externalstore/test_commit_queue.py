@@ -7,6 +7,7 @@
 * A ticket nobody serves (its writer died) holds the queue up for the stall
   limit only; serving a later ticket skips it.
 * A ticket is served as soon as its claim is won (before the copy and flip).
+* While pylance commits to the table, lancetx writers do not queue (fair to it).
 * Without ``dynamodb:UpdateItem`` the commit still lands (random backoff) and
   the warning names the action.
 """
@@ -27,6 +28,7 @@ from protocol_helpers import (
     ddb_uri,
     ensure_ddb_table,
     lancetx_append,
+    pylance_append,
     pylance_create,
 )
 
@@ -191,3 +193,31 @@ def test_without_update_item_the_commit_lands_and_the_warning_names_the_action(
     assert "dynamodb:UpdateItem" in warnings[0]
     parent = load_parent(queued.handler, queued.conn.base)
     assert parent is not None and parent.version == 3
+
+
+def test_writers_stop_taking_turns_while_pylance_commits_to_the_table(queued: Queued) -> None:
+    # Queued writers claim back to back; a pylance writer (no queue, slower attempts)
+    # would lose nearly every round until its retry budget ran out.
+    contended(queued)
+    first = queued.append(0)
+    pylance_append(queued.conn.uri, queued.options, batch("pylance", 0, ROWS))
+    second = lancetx_append(
+        queued.handler,
+        queued.conn.base,
+        queued.conn.data_uri,
+        queued.options,
+        batch("queued", 1, ROWS),
+        first,  # stale: the look before staging lists pylance's version
+    )
+    assert second.version == first.version + 2
+    queued.log.clear()
+    third = lancetx_append(
+        queued.handler,
+        queued.conn.base,
+        queued.conn.data_uri,
+        queued.options,
+        batch("queued", 2, ROWS),
+        second,
+    )
+    assert third.version == second.version + 1
+    assert "UpdateItem" not in queued.log.operations()  # no ticket while pylance writes here
