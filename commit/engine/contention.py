@@ -23,7 +23,9 @@ still decides. A writer outside it (pylance, or a lancetx writer that saw no
 contention) may win a round; the queued writer at the head then simply tries
 again after a short random wait. A queue that stands still for
 :func:`stall_limit` (its head died) is passed, and serving a later ticket
-skips the dead one.
+skips the dead one. While a writer that keeps no queue (pylance) commits to
+the table, nobody queues (:meth:`TableContention.queue_fair`): turns taken
+back to back would leave its slower attempts no gap, and it would give up.
 
 **Random backoff (handlers without a queue, or without the IAM action).** A
 loser waits a random time (full jitter) from a window sized by what it measured:
