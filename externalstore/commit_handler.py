@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lancetx.commit.errors import (
     LancetxError,
@@ -95,23 +95,9 @@ class _QueueAccess:
             return None
         try:
             return fn()
-        except UnsupportedOperationError:
-            self.enabled = False
-        except AccessDeniedError as exc:
-            self.enabled = False
-            log.warning(
-                "the commit queue of %s is unusable (%s); writers under contention back off at "
-                "random instead. Allow dynamodb:UpdateItem and dynamodb:GetItem on %s "
-                "(lancetx-sync iam-policy prints the policy) to let them take turns",
-                base,
-                exc,
-                _dynamodb_table(entries) or "the DynamoDB table",
-            )
         except LancetxError as exc:
-            if not self.warned:
-                self.warned = True
-                log.warning("commit queue of %s: %s; backing off at random this time", base, exc)
-        return None
+            self.failed(exc, base, entries)
+            return None
 
     async def call_async(
         self, fn: Callable[[], Awaitable[T]], base: str, entries: object
@@ -121,14 +107,25 @@ class _QueueAccess:
         try:
             return await fn()
         except LancetxError as exc:
-            return self.call(_raiser(exc), base, entries)
+            self.failed(exc, base, entries)
+            return None
 
-
-def _raiser(exc: LancetxError) -> Callable[[], Any]:
-    def raise_it() -> Any:
-        raise exc
-
-    return raise_it
+    def failed(self, exc: Exception, base: str, entries: object) -> None:
+        if isinstance(exc, UnsupportedOperationError):
+            self.enabled = False
+        elif isinstance(exc, AccessDeniedError):
+            self.enabled = False
+            log.warning(
+                "the commit queue of %s is unusable (%s); writers under contention back off at "
+                "random instead. Allow dynamodb:UpdateItem and dynamodb:GetItem on %s "
+                "(lancetx-sync iam-policy prints the policy) to let them take turns",
+                base,
+                exc,
+                _dynamodb_table(entries) or "the DynamoDB table",
+            )
+        elif not self.warned:
+            self.warned = True
+            log.warning("commit queue of %s: %s; backing off at random this time", base, exc)
 
 
 def _table(base: str) -> Table:
@@ -242,7 +239,10 @@ class ExternalStoreCommitHandler(CommitHandler):
             base,
         )
         if ticket is not None:
-            self.end_turn(base, ticket, version)
+            try:
+                self.end_turn(base, ticket, version)
+            except Exception as exc:  # the claim is won: finishing it comes first
+                self._queue.failed(exc, base, self.entries)
         outcome = self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
@@ -361,7 +361,10 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
             base,
         )
         if ticket is not None:
-            await self.end_turn(base, ticket, version)
+            try:
+                await self.end_turn(base, ticket, version)
+            except Exception as exc:  # the claim is won: finishing it comes first
+                self._queue.failed(exc, base, self.entries)
         outcome = await self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location

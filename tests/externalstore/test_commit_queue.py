@@ -221,3 +221,20 @@ def test_writers_stop_taking_turns_while_pylance_commits_to_the_table(queued: Qu
     )
     assert third.version == second.version + 1
     assert "UpdateItem" not in queued.log.operations()  # no ticket while pylance writes here
+
+
+def test_a_failure_serving_the_ticket_never_leaves_a_won_claim_unfinished(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim is won before the ticket is served: whatever serving raises (even a
+    # bug, not a typed error), the version is copied, flipped and reported as ours.
+    def broken(base_uri: str, ticket: int, version: int | None = None) -> None:
+        raise KeyError("UpdateItem")
+
+    monkeypatch.setattr(queued.entries, "end_turn", broken)
+    contended(queued)
+    committed = queued.append(0)
+    assert committed.version == 2
+    entry = queued.entries.get(queued.conn.base, 2)
+    assert not entry.is_staged  # finalized: the final manifest, not the staged one
+    assert queued.handler.last_outcome is not None and queued.handler.last_outcome.finalized
