@@ -20,7 +20,9 @@ Query), not from listing the bucket: a legacy store's listing may be stale.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -149,6 +151,18 @@ def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) ->
     return explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
 
 
+def _with_ticket(
+    summary: TransactionSummary | None, ticket: int | None
+) -> tuple[TransactionSummary | None, int | None]:
+    """``summary`` carrying ``ticket`` (if any) and the time of the claim, and the
+    ticket still to serve in the queue item afterwards (None: the claim serves it).
+    The time also tells a writer that lost this version whether we claimed while
+    it tried (contention) or before it began (its parent was stale)."""
+    if summary is None:
+        return None, ticket
+    return dataclasses.replace(summary, ticket=ticket, claimed_at=time.time()), None
+
+
 class ExternalStoreCommitHandler(CommitHandler):
     """Claims versions with a conditional insert into ``entries``; manifests live in ``store``.
 
@@ -229,18 +243,24 @@ class ExternalStoreCommitHandler(CommitHandler):
         ticket: int | None = None,
     ) -> ManifestLocation:
         """The four-step commit of ``version``; see :func:`protocol.commit_steps`.
-        ``ticket`` is served between the claim and the copy: the next writer in
-        the queue starts while this one finishes."""
+
+        ``ticket`` (our place in the table's commit queue) is served by the claim
+        itself: it is recorded in the claimed entry with the claim's time, where
+        the writers waiting behind see it (they watch the table's entries). So the
+        next writer starts while this one copies and flips, and serving costs no
+        request. Without a summary to carry it, it is served in the queue item.
+        """
         table = _table(base)
+        summary, serve_after = _with_ticket(summary, ticket)
         staged = self._run(
             claim_steps(
                 table, version, scheme, manifest, committer=self.committer, summary=summary
             ),
             base,
         )
-        if ticket is not None:
+        if serve_after is not None:
             try:
-                self.end_turn(base, ticket, version)
+                self.end_turn(base, serve_after, version)
             except Exception as exc:  # the claim is won: finishing it comes first
                 self._queue.failed(exc, base, self.entries)
         outcome = self._run(finish_steps(staged, scheme), base)
@@ -354,15 +374,16 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
         table = _table(base)
+        summary, serve_after = _with_ticket(summary, ticket)
         staged = await self._run(
             claim_steps(
                 table, version, scheme, manifest, committer=self.committer, summary=summary
             ),
             base,
         )
-        if ticket is not None:
+        if serve_after is not None:
             try:
-                await self.end_turn(base, ticket, version)
+                await self.end_turn(base, serve_after, version)
             except Exception as exc:  # the claim is won: finishing it comes first
                 self._queue.failed(exc, base, self.entries)
         outcome = await self._run(finish_steps(staged, scheme), base)

@@ -8,10 +8,14 @@ The queue gives them an order instead:
 * a writer that meets contention takes a ticket — one ``UpdateItem`` adding 1
   to the table's ``issued`` counter, which returns the new value (our ticket)
   and ``served``;
-* it waits until ``served >= ticket - 1`` (every ticket before it served),
-  looking with a consistent ``GetItem`` about twice per measured turn;
-* when its commit ends — won, refused or given up — it serves its ticket: one
-  ``UpdateItem`` setting ``served`` to the ticket if that is higher.
+* it waits until every ticket before it was served, watching the table's
+  entries (one Query a look): a claim made from the queue records its ticket
+  (``queue_ticket``) and time (``claimed_at``) in the claimed entry, which
+  *serves* it — no request of its own — and the newest such ticket is the
+  queue's ``served``;
+* a writer whose turn ends without a claim (refused, gave up) serves its
+  ticket here instead: one ``UpdateItem`` setting ``served`` to the ticket if
+  that is higher. Waiters read this item only while the queue stands still.
 
 Invariants:
 
@@ -21,14 +25,15 @@ Invariants:
   between; a queued writer then learns the winner and tries again.
 * Nobody waits for a dead writer forever: a waiter whose queue stands still
   for a stall limit (several turns, at least a second) goes anyway, and
-  ``served`` only moves up (``max``), so a ticket nobody will serve is skipped
-  as soon as any later one is served.
+  ``served`` only moves up (the newest ticket claimed, or ``max`` here), so a
+  ticket nobody will serve is skipped as soon as any later one is served.
 * Uncontended commits never touch the queue.
 
 Item: ``base_uri`` = the table's ``base_uri`` + :data:`QUEUE_SUFFIX`,
 ``version`` = 0, attributes ``issued`` (N), ``served`` (N) and
-``served_version`` (N: the version the holder of ticket ``served`` claimed),
-``served_at`` (N, epoch milliseconds: when it was served). Lance and
+``served_version`` (N: the version the holder of ticket ``served`` claimed, if
+any), ``served_at`` (N, epoch milliseconds: when it was served) — tickets served
+here, by turns that ended without a claim. Lance and
 pylance only query their table's own ``base_uri``, so they never see it.
 Needs ``dynamodb:UpdateItem`` (and ``GetItem``); without it the handler stops
 queueing and falls back to random backoff (see

@@ -5,7 +5,8 @@ Table layout (Lance's, ``rust/lance-table/src/io/commit/dynamodb.rs``): HASH key
 (N), ``committer`` (S), optional ``e_tag`` (S), plus lancetx's optional
 ``commit_token`` (S), ``bucket`` (S, the bucket of the manifests: Lance's key
 omits it) and the transaction in brief — ``txn_operation``, ``txn_uuid``,
-``txn_idempotency_key`` (S) — which pylance ignores.
+``txn_idempotency_key`` (S) — with ``claimed_at`` (N, epoch milliseconds) and, for a
+claim made from the commit queue, its ``queue_ticket`` (N); pylance ignores them all.
 
 Structure (sans-IO): every operation is a *plan*, a generator that yields
 :class:`ApiCall` (perform this DynamoDB request and send me the response, or
@@ -121,6 +122,8 @@ BUCKET = "bucket"
 TXN_OPERATION = "txn_operation"
 TXN_UUID = "txn_uuid"
 TXN_IDEMPOTENCY_KEY = "txn_idempotency_key"
+QUEUE_TICKET = "queue_ticket"
+CLAIMED_AT = "claimed_at"
 #: Lance versions are u64; DynamoDB numbers go to 38 digits.
 MAX_VERSION = 2**64 - 1
 
@@ -389,15 +392,32 @@ def item_from_entry(entry: ManifestEntry, committer: str) -> dict[str, Any]:
         item[TXN_UUID] = {"S": entry.summary.uuid}
         if entry.summary.idempotency_key:
             item[TXN_IDEMPOTENCY_KEY] = {"S": entry.summary.idempotency_key}
+        if entry.summary.ticket is not None:
+            item[QUEUE_TICKET] = {"N": str(int(entry.summary.ticket))}
+        if entry.summary.claimed_at is not None:
+            item[CLAIMED_AT] = {"N": str(int(entry.summary.claimed_at * 1000))}
     return item
 
 
-def _summary(operation: str | None, uuid: str | None, key: str | None) -> TransactionSummary | None:
+def _summary(
+    operation: str | None,
+    uuid: str | None,
+    key: str | None,
+    ticket: str | None = None,
+    claimed_at: str | None = None,
+) -> TransactionSummary | None:
     # Half a summary (an item edited by hand, or by another tool) is no summary:
-    # the reader then loads the transaction from the manifest.
+    # the reader then loads the transaction from the manifest. A queue mark that
+    # is not a whole number is dropped: it only times waits, it decides nothing.
     if not operation or not uuid:
         return None
-    return TransactionSummary(operation, uuid, key or None)
+    turn = int(ticket) if ticket and ticket.isascii() and ticket.isdigit() else None
+    at = (
+        int(claimed_at) / 1000.0
+        if claimed_at and claimed_at.isascii() and claimed_at.isdigit()
+        else None
+    )
+    return TransactionSummary(operation, uuid, key or None, ticket=turn, claimed_at=at)
 
 
 def entry_from_item(
@@ -418,6 +438,10 @@ def entry_from_item(
             raise ValueError(f"{name} {raw!r} is not a whole number in 0..2**64-1")
         return int(raw)
 
+    def raw_number(name: str) -> str | None:
+        value = item.get(name)
+        return str(value["N"]) if isinstance(value, Mapping) and "N" in value else None
+
     try:
         base_uri, version, path = text(BASE_URI), number(VERSION), text(PATH)
         if base_uri is None or version is None or path is None:
@@ -431,7 +455,13 @@ def entry_from_item(
             committer=text(COMMITTER),
             commit_token=text(COMMIT_TOKEN),
             bucket=text(BUCKET),
-            summary=_summary(text(TXN_OPERATION), text(TXN_UUID), text(TXN_IDEMPOTENCY_KEY)),
+            summary=_summary(
+                text(TXN_OPERATION),
+                text(TXN_UUID),
+                text(TXN_IDEMPOTENCY_KEY),
+                raw_number(QUEUE_TICKET),
+                raw_number(CLAIMED_AT),
+            ),
         )
     except ValueError as exc:
         raise MalformedEntryError(

@@ -39,6 +39,7 @@ committed) tries ``latest + 1`` straight away: no listing, no extra read.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -363,7 +364,13 @@ class _Turn:
 
 
 def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
-    """Take a ticket unless we hold one; False when the handler keeps no queue."""
+    """Take a ticket unless we hold one; False when the handler keeps no queue.
+
+    Where the queue stands comes from two places: the queue item (tickets
+    served by writers whose turn ended without a claim) and the newest ticket
+    this process saw served by a claim (claims serve their tickets in their
+    entries, not in the queue item).
+    """
     if turn.ticket is not None:
         return True
     if turn.unavailable or not contended.queue_fair(time.monotonic()):
@@ -375,8 +382,42 @@ def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -
     turn.ticket, turn.served = turns.issued, turns.served
     turn.served_version = turns.served_version
     turn.served_at = turns.served_at
-    if turns.issued - turns.served > 1:
+    seen = contended.served
+    if seen is not None:
+        if seen.served >= turns.issued:
+            contended.served = None  # from before the queue item was reset
+        elif seen.served > turn.served:
+            turn.served, turn.served_version = seen.served, seen.served_version
+            turn.served_at = seen.served_at
+    if turns.issued - turn.served > 1:
         contended.queued(time.monotonic())
+    return True
+
+
+def _served_by_claims(
+    turn: _Turn, listed: list[ManifestLocation], contended: contention.TableContention
+) -> bool:
+    """Move ``turn`` on by the tickets the listed claims served; True if it moved.
+    The stamps of the claims new to us time the queue's turns."""
+    claims = sorted(
+        (loc.summary.ticket, loc.version, loc.summary.claimed_at)
+        for loc in listed
+        if loc.summary is not None and loc.summary.ticket is not None
+    )
+    if not claims:
+        return False
+    ticket, version, claimed_at = claims[-1]
+    if ticket <= turn.served:
+        return False
+    timed = [(t, at) for t, _, at in claims if at is not None and t >= turn.served]
+    if turn.served_at and (not timed or timed[0][0] > turn.served):
+        timed.insert(0, (turn.served, turn.served_at))
+    contended.claims_timed(
+        (at2 - at1) / (t2 - t1) for (t1, at1), (t2, at2) in itertools.pairwise(timed) if t2 > t1
+    )
+    turn.served = ticket
+    turn.served_version = max(turn.served_version, version)
+    turn.served_at = claimed_at or time.time()
     return True
 
 
@@ -391,11 +432,14 @@ def _wait_for_turn(
 ) -> Steps[list[_Loaded] | None]:
     """Wait until every ticket before ours was served (or the queue stalls).
 
-    Far back, it looks at the queue now and then. Next in line, it watches the
-    table instead (one Query a look): the version the writer before us claims is
-    the one we build on, and seeing it is our turn — the Query that sees it is
-    the one we need anyway, and its writer serves its ticket only after. Returns
-    the versions committed after ``since`` when it loaded them, else None.
+    It watches the table (one Query a look, :func:`contention.turn_wait` says
+    when): a claim made from the queue carries its ticket, so the claims since
+    our parent say whose turn it is, and the Query that shows the claim of the
+    ticket before ours lists exactly the versions we must build on. While the
+    queue stands still it also reads the queue item now and then: a writer
+    whose turn ended without a claim (refused, gave up) serves its ticket
+    there. Returns the versions committed after ``since`` when it loaded
+    them, else None.
     """
     assert turn.ticket is not None
     last_served, last_change = turn.served, time.monotonic()
@@ -404,7 +448,8 @@ def _wait_for_turn(
         log.debug("%s: ticket %d, %d ahead in the commit queue", base, turn.ticket, ahead)
     newer: list[_Loaded] | None = None
     looks = 0
-    watching = False  # next in line, looking at the table
+    watching = False  # next in line, looking again within its predecessor's turn
+    checked = last_change  # when we last read the queue item
     while turn.ticket - turn.served - 1 > 0:
         ahead_now = turn.ticket - turn.served - 1
         into_turn = time.time() - turn.served_at if turn.served_at else None
@@ -413,56 +458,56 @@ def _wait_for_turn(
         )
         watching = ahead_now == 1
         now = time.monotonic()
-        looks = looks + 1 if ahead_now == 1 else 0
-        if ahead_now == 1 and looks % 8 != 0:
-            # Next in line: has the writer before us claimed its version yet?
-            listed: list[ManifestLocation] = yield ListVersions(base, since)
-            if listed and listed[-1].version > turn.served_version:
-                newer = yield from _load_listed(names, base, since, listed, ours=ours)
-                break
-            if now - last_change <= contention.stall_limit(contended):
-                continue
-        else:
-            # Far back (or now and then when next in line, in case the writer
-            # before us gave up without claiming): where is the queue?
+        looks += 1
+        standing = now - last_change
+        served_at_before = turn.served_at
+        listed: list[ManifestLocation] = yield ListVersions(base, since)
+        moved = _served_by_claims(turn, listed, contended)
+        if moved and turn.ticket - turn.served - 1 <= 0:
+            newer = yield from _load_listed(names, base, since, listed, ours=ours)
+        elif not moved and min(standing, now - checked) > contention.queue_check_after(contended):
+            # Standing still: did the holder end its turn without a claim? It
+            # serves its ticket in the queue item then, where claims cannot show it.
+            checked = now
             turns: Turns | None = yield ReadTurns(base)
             if turns is None:
                 break
-            if turns.served > last_served:
-                if turn.served_at and turns.served_at > turn.served_at:
-                    # Timed by the serving writers themselves: exact, however
-                    # seldom we look.
-                    contended.turns_served(
-                        turns.served - last_served, turns.served_at - turn.served_at
-                    )
-                else:
-                    contended.turns_served(turns.served - last_served, now - last_change)
-                last_served, last_change = turns.served, now
+            moved = turns.served > turn.served
+            if moved:
                 turn.served = turns.served
                 turn.served_version = max(turn.served_version, turns.served_version)
                 turn.served_at = turns.served_at
-                watching = False
-                continue
-            if now - last_change <= contention.stall_limit(contended):
-                continue
+        if moved:
+            if served_at_before and turn.served_at > served_at_before:
+                # Timed by the serving writers' own clocks: exact, however
+                # seldom we look. (Timing it by our looks would count our own
+                # sleep as the queue's, and every waiter would sleep longer.)
+                contended.turns_served(turn.served - last_served, turn.served_at - served_at_before)
+            contended.saw_served(turn.served, turn.served_version, turn.served_at)
+            last_served, last_change = turn.served, now
+            watching = False
+            continue
+        if standing <= contention.stall_limit(contended):
+            continue
         # The holder ahead is slow or gone. Go anyway: the claim still decides,
-        # and serving our ticket moves the mark past a ticket nobody will serve.
+        # and our claim serves our ticket, which moves the mark past its one.
         log.debug(
             "commit queue of %s stands at %d for %.1f s; ticket %d goes ahead",
             base,
             turn.served,
-            now - last_change,
+            standing,
             turn.ticket,
         )
         break
     turn.turn_began = time.monotonic()
     if ahead > 0:
         log.debug(
-            "%s: ticket %d's turn after %.3f s (%d ahead)",
+            "%s: ticket %d's turn after %.3f s (%d ahead, %d looks)",
             base,
             turn.ticket,
             time.monotonic() - began,
             ahead,
+            looks,
         )
     return newer
 
@@ -562,6 +607,7 @@ def _attempts(
             )
         attempt += 1
         started = time.perf_counter()
+        tried_at = time.time()
         requests_before = counter.count
         if attempt == 1:
             expected_contention = contended.refresh_first(time.monotonic())
@@ -590,6 +636,7 @@ def _attempts(
                 yield Sleep(contention.yield_delay(policy, contended))
                 newer = None
             started = time.perf_counter()  # the attempt's slot does not include the wait
+            tried_at = time.time()
             if newer is None:
                 newer = yield from _load_newer(names, base, current.version, ours=ours)
             if newer:
@@ -698,11 +745,21 @@ def _attempts(
             turn.turn_began = None  # a lost turn is not a measure of a turn's work
             log.debug("%s: lost version %d (attempt %d)", shown, next_version, attempt)
             stale_parent = attempt == 1 and not expected_contention
+            loaded: list[_Loaded] | None = None
+            if stale_parent:
+                loaded = yield from _load_newer(
+                    names, base, current.version if current is not None else 0, ours=ours
+                )
+                if _claimed_since(loaded, tried_at):
+                    # A winner claimed while we tried: that is contention, not a
+                    # stale parent. Retrying at once would only lose again.
+                    stale_parent = False
             if not stale_parent and (yield from _join_queue(base, turn, contended)):
                 # Contended: wait for our turn in the queue, then learn what was
                 # committed meanwhile (the winners of every turn before ours).
                 event("lost", next_version)
                 losses += 1
+                since = loaded[-1].version if loaded else (current.version if current else 0)
                 at_head = turn.ticket is not None and turn.ticket - turn.served - 1 <= 0
                 if at_head:
                     # Our turn already, lost to a writer outside the queue
@@ -711,25 +768,21 @@ def _attempts(
                     newer = None
                 else:
                     newer = yield from _wait_for_turn(
-                        names,
-                        base,
-                        turn,
-                        contended,
-                        policy,
-                        current.version if current is not None else 0,
-                        ours,
+                        names, base, turn, contended, policy, since, ours
                     )
                 if newer is None:
-                    newer = yield from _load_newer(
-                        names, base, current.version if current is not None else 0, ours=ours
-                    )
+                    newer = yield from _load_newer(names, base, since, ours=ours)
+                newer = (loaded or []) + newer
                 if newer:
                     pending = newer
                     current = _newest_parent(newer)
                 continue
-            newer = yield from _load_newer(
-                names, base, current.version if current is not None else 0, ours=ours
-            )
+            if loaded is not None:
+                newer = loaded
+            else:
+                newer = yield from _load_newer(
+                    names, base, current.version if current is not None else 0, ours=ours
+                )
             event("lost", next_version)
             if not newer:  # the winner is not visible yet: wait a whole window, then look again
                 losses += 1
@@ -746,8 +799,10 @@ def _attempts(
             losses += 1
             yield Sleep(contention.delay(policy, losses, slot))
             continue
-        if turn.ticket is not None and turn.turn_began is not None:
-            contended.worked(time.monotonic() - turn.turn_began)
+        if turn.ticket is not None:
+            if turn.turn_began is not None:
+                contended.worked(time.monotonic() - turn.turn_began)
+            contended.saw_served(turn.ticket, next_version, time.time())
         turn.ticket = None  # served with the won claim
         manifest = ManifestFile(
             manifest=built.manifest,
@@ -806,6 +861,19 @@ class _Counter:
                 result, error = (yield effect), None
             except LancetxError as exc:
                 result, error = None, exc
+
+
+def _claimed_since(loaded: Sequence[_Loaded], tried_at: float) -> bool:
+    """Whether a lancetx winner among ``loaded`` claimed after our attempt began
+    (its entry records when): then we lost to contention, not to a stale parent.
+    Clocks of different machines differ a little; a wrong guess costs one
+    immediate retry (taken for staleness) or one ticket (taken for contention)."""
+    return any(
+        ld.location.summary is not None
+        and ld.location.summary.claimed_at is not None
+        and ld.location.summary.claimed_at >= tried_at
+        for ld in loaded
+    )
 
 
 def _newest_parent(loaded: Sequence[_Loaded]) -> Parent:

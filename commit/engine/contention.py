@@ -8,24 +8,28 @@ lost often waits longest while fresh writers slip past it, which makes the
 tail (and so the time until the last writer is done) long.
 
 **The commit queue (handlers that keep one: DynamoDB).** A writer that meets
-contention — it lost a round that was not explained by a stale parent, or its
-process saw others commit or wait on this table moments ago — takes a ticket
-(one UpdateItem) and waits until every earlier ticket was served, looking at
-the queue (one GetItem) about three times per turn once the turn before its
-own has begun (:func:`turn_wait`; a turn's length is measured from how fast
-tickets are served). Its transaction file is written while it waits. When its
-turn comes it asks for the versions committed meanwhile (one Query; Appends
-are settled by the entries' summaries, so only the newest manifest is read),
-builds on the newest, stages and claims; the handler serves the ticket as soon
-as the claim is won, before copying and flipping, so the next writer's turn
-overlaps the end of this one. The queue is advisory: the conditional claim
-still decides. A writer outside it (pylance, or a lancetx writer that saw no
+contention — it lost a round to a writer that claimed while it tried (the
+entries record when each claim was made), or its process saw others commit or
+wait on this table moments ago — takes a ticket (one UpdateItem) and waits
+until every earlier ticket was served. A claim made from the queue records its
+ticket in its entry, which serves it: the waiters watch the table's entries
+(one Query a look), so serving costs no request, and the Query that shows the
+claim of the ticket before ours lists exactly the versions we build on (Appends
+are settled by the entries' summaries, so only the newest manifest is read).
+When to look (:func:`turn_wait`): far back, by the median time between recent
+claims, aiming just short of the turn before ours; next in line, by the
+measured work of a turn, then a quarter turn at a time. The transaction file
+is written while waiting. The queue is advisory: the conditional claim still
+decides. A writer outside it (pylance, or a lancetx writer that saw no
 contention) may win a round; the queued writer at the head then simply tries
-again after a short random wait. A queue that stands still for
-:func:`stall_limit` (its head died) is passed, and serving a later ticket
-skips the dead one. While a writer that keeps no queue (pylance) commits to
-the table, nobody queues (:meth:`TableContention.queue_fair`): turns taken
-back to back would leave its slower attempts no gap, and it would give up.
+again after a short random wait. A writer whose turn ends without a claim
+(refused, gave up) serves its ticket in the queue item, which waiters read
+when the queue stands still for a while; a queue that stands still for
+:func:`stall_limit` (its head died) is passed, and the next claim's higher
+ticket skips the dead one. While a writer that keeps no queue (pylance)
+commits to the table, nobody queues (:meth:`TableContention.queue_fair`):
+turns taken back to back would leave its slower attempts no gap, and it would
+give up.
 
 **Random backoff (handlers without a queue, or without the IAM action).** A
 loser waits a random time (full jitter) from a window sized by what it measured:
@@ -63,8 +67,13 @@ The figures behind these choices are in ``benchmarks/README.md``.
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from lancetx.commit.engine.retry import RetryPolicy
 
@@ -90,10 +99,22 @@ def delay(policy: RetryPolicy, losses: int, slot: float, rng: random.Random | No
 # ------------------------------------------------------------------ per-table memory
 
 
+#: How many recent turns the median turn length is taken over.
+TURN_SAMPLES = 24
 #: How long after a lost round a table counts as contended in this process.
 CONTENDED_FOR = 2.0
 #: How long after a version by a writer outside the queue the queue stays unused.
 OUTSIDERS_FOR = 10.0
+
+
+@dataclass(frozen=True)
+class ServedMark:
+    """A served ticket of a table's commit queue, and the claim that served it."""
+
+    served: int
+    served_version: int
+    #: When it was served (epoch seconds).
+    served_at: float
 
 
 class TableContention:
@@ -105,7 +126,16 @@ class TableContention:
     deleting (three requests more). An uncontended table never pays that Query.
     """
 
-    __slots__ = ("last_lost", "last_outsider", "level", "slot", "turn_interval", "turn_work")
+    __slots__ = (
+        "last_lost",
+        "last_outsider",
+        "level",
+        "served",
+        "slot",
+        "turn_interval",
+        "turn_samples",
+        "turn_work",
+    )
 
     def __init__(self) -> None:
         self.last_lost = -float("inf")
@@ -121,6 +151,18 @@ class TableContention:
         #: Seconds from our turn to our won claim lately (moving average): how
         #: long the writer before us needs once its turn has come.
         self.turn_work = 0.0
+        #: The newest ticket of the table's commit queue this process saw served
+        #: (claims serve their tickets in their entries, which the queue item
+        #: does not show): where a writer joining the queue starts counting.
+        self.served: ServedMark | None = None
+        #: Recent times between consecutive claims from the queue (seconds per
+        #: turn, from the claims' own stamps): their median times far-back waits.
+        self.turn_samples: deque[float] = deque(maxlen=TURN_SAMPLES)
+
+    def saw_served(self, ticket: int, version: int, at: float) -> None:
+        """Ticket ``ticket`` was served by the claim of ``version`` at ``at`` (epoch s)."""
+        if self.served is None or ticket > self.served.served:
+            self.served = ServedMark(ticket, version, at)
 
     def lost(self, now: float, slot: float) -> None:
         self.last_lost = now
@@ -154,6 +196,17 @@ class TableContention:
         self.turn_interval = (
             measured if self.turn_interval == 0.0 else 0.5 * self.turn_interval + 0.5 * measured
         )
+
+    def claims_timed(self, samples: Iterable[float]) -> None:
+        """Seconds per turn between consecutive claims from the queue."""
+        self.turn_samples.extend(x for x in samples if x > 0)
+
+    def typical_turn(self) -> float:
+        """The median of the recent turn samples (0.0 before any): a turn whose
+        holder overslept its start is an outlier here, not a new normal."""
+        if not self.turn_samples:
+            return 0.0
+        return float(statistics.median(self.turn_samples))
 
     def committed(self, losses: int) -> None:
         self.level = 0.5 * self.level + 0.5 * losses
@@ -212,13 +265,22 @@ def turn_wait(
     """
     work = turn_work(contended)
     if ahead > 1:
-        # Far back, by work too: early, by the handoffs in between, so it looks
-        # again a few times on the way (a read each) — never late. Timing it by
-        # the observed time between turns fed every late look back into longer
-        # sleeps, and the queue went in bursts.
-        between = max(work, min(contended.turn_interval or work, 1.5 * work))
+        # Far back, by the measured time between turns (timed by the serving
+        # writers' own stamps, so a late look does not stretch it). A look here
+        # is late only if it comes after the turn ahead of ours is well under
+        # way (the next in line watches that turn's claim); an early one costs
+        # a read. So aim at the first half of that turn, short by a margin that
+        # grows like the spread of a sum of ``turns`` turn lengths: one look
+        # usually lands in the turn ahead of ours, and then it is ours.
+        between = far_turn(contended)
+        turns = ahead - 1
         done = min(into_turn, between) if into_turn is not None else 0.0
-        wait = 0.95 * ((ahead - 1) * between - done)
+        aim = turns + FAR_SLACK - FAR_MARGIN * math.sqrt(turns)
+        wait = max(between * aim - done, between / 4)
+        if into_turn is not None and into_turn > between:
+            # The current turn is overdue (a slow or dead holder): look less
+            # often the longer it stands, instead of every turn.
+            wait = max(wait, OVERDUE_SHARE * (into_turn - between))
     elif first_look:
         # Next in line, by work only: timing it by observed intervals would feed
         # every idle gap back into the next wait.
@@ -227,6 +289,32 @@ def turn_wait(
     else:
         wait = work / 4
     return float(min(policy.max_delay, max(work / 5, wait)))
+
+
+#: Far back, how many standard spreads of a turn to aim short of the turn before
+#: ours, per square root of the turns to wait (turn lengths vary by ~30%).
+FAR_MARGIN = 0.35
+#: Far back, how far into the turn before ours (in turns) a look may come.
+FAR_SLACK = 0.4
+#: While the current turn is overdue, a far-back waiter waits this share of the
+#: time it is overdue before looking again.
+OVERDUE_SHARE = 0.5
+#: A far-back wait counts a turn at most this many times its work.
+FAR_TURN_CAP = 2.5
+
+
+def far_turn(contended: TableContention) -> float:
+    """A turn's length for waiters far back: the median time between recent
+    claims from the queue (it includes the handoff from one writer to the next,
+    which the work of a turn does not). A median, not a mean: the turns after
+    a holder overslept its start are longer, and waiters sleeping by their mean
+    would oversleep too, which lengthens the next turns — the queue would slow
+    itself down. Before any claim was timed, a turn's work."""
+    work = turn_work(contended)
+    typical = contended.typical_turn()
+    if not typical:
+        return work
+    return max(work, min(typical, FAR_TURN_CAP * work))
 
 
 def turn_work(contended: TableContention) -> float:
@@ -240,6 +328,19 @@ def turn_work(contended: TableContention) -> float:
     # Not the slot of a lost attempt: attempts that collide are slow, and a
     # waiter sleeping by one would oversleep its turn by many.
     return work or observed or DEFAULT_TURN
+
+
+#: Turns the queue may stand still before a waiter reads the queue item too...
+QUEUE_CHECK_TURNS = 4
+#: ...but never sooner than this (seconds): slow turns are common, ended ones rare.
+MIN_QUEUE_CHECK = 0.5
+
+
+def queue_check_after(contended: TableContention) -> float:
+    """How long the queue may stand still before a waiter also reads the queue
+    item (every other look): a writer whose turn ended without a claim serves
+    its ticket there, where watching the claims cannot see it."""
+    return max(MIN_QUEUE_CHECK, QUEUE_CHECK_TURNS * turn_length(contended))
 
 
 def stall_limit(contended: TableContention) -> float:
@@ -269,8 +370,11 @@ __all__ = [
     "MIN_STALL",
     "OUTSIDERS_FOR",
     "STALL_TURNS",
+    "ServedMark",
     "TableContention",
     "delay",
+    "far_turn",
+    "queue_check_after",
     "stall_limit",
     "table_contention",
     "turn_length",

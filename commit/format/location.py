@@ -16,12 +16,21 @@ class TransactionSummary:
     Enough to judge ours against it when the conflict rules decide by the two
     operations' kinds alone (an Append against an Append), and to tell whether
     it is ours (same uuid or idempotency key) — without reading its manifest.
-    ``operation`` is the spec's name (``"Append"``).
+    ``operation`` is the spec's name (``"Append"``). ``ticket`` and
+    ``claimed_at`` are not the transaction's: they place the claim in the table's
+    commit queue (see :mod:`lancetx.externalstore.commit_queue`).
     """
 
     operation: str
     uuid: str
     idempotency_key: str | None = None
+    #: The commit-queue ticket its writer held when it claimed the version, if it
+    #: had taken one: claiming serves it (waiters watch the claims to learn whose
+    #: turn it is).
+    ticket: int | None = None
+    #: When the claim was made (epoch seconds): waiters time turns by it, and a
+    #: writer that lost the version tells contention from a stale parent by it.
+    claimed_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -76,13 +76,27 @@ def test_queue_waits_are_timed_by_turn_work_not_by_late_turns() -> None:
     # Next in line: first look when the current turn's claim is due, then a quarter turn.
     assert contention.turn_wait(policy, table, 1, into_turn=0.04) == pytest.approx(0.06)
     assert contention.turn_wait(policy, table, 1, first_look=False) == pytest.approx(0.025)
-    # Far back: the time between turns counts at most 1.5 turns of work...
-    assert contention.turn_wait(policy, table, 5) == pytest.approx(0.95 * 4 * 0.15)
-    # ...and the time already spent in the current turn is taken off.
-    assert contention.turn_wait(policy, table, 5, into_turn=0.1) == pytest.approx(
-        0.95 * (4 * 0.15 - 0.1)
-    )
+    # Far back, before any claim was timed: by work.
+    aim = 4 + contention.FAR_SLACK - contention.FAR_MARGIN * 2  # 4 turns to go: sqrt(4) = 2
+    assert contention.turn_wait(policy, table, 5) == pytest.approx(0.1 * aim)
+    assert contention.turn_wait(policy, table, 5, into_turn=0.05) == pytest.approx(0.1 * aim - 0.05)
     assert contention.turn_wait(policy, table, 1, into_turn=5.0) == pytest.approx(0.1 / 5)
+
+
+def test_far_back_waits_follow_the_median_time_between_claims() -> None:
+    table = contention.TableContention()
+    policy = RetryPolicy()
+    table.worked(0.1)
+    # Claims 0.15 s apart, and one 2 s gap after a holder overslept its turn.
+    table.claims_timed([0.15, 0.15, 2.0, 0.15, 0.16])
+    assert contention.far_turn(table) == pytest.approx(0.15)  # the median, not the mean
+    aim = 9 + contention.FAR_SLACK - contention.FAR_MARGIN * 3  # 9 turns to go
+    assert contention.turn_wait(policy, table, 10) == pytest.approx(0.15 * aim)
+    # Never more than a few turns of work per turn, whatever was sampled.
+    table.claims_timed([5.0] * contention.TURN_SAMPLES)
+    assert contention.far_turn(table) == pytest.approx(contention.FAR_TURN_CAP * 0.1)
+    # A turn overdue by a second: look again after half of that, not every turn.
+    assert contention.turn_wait(policy, table, 2, into_turn=1.25) >= 0.5
 
 
 def test_a_stalled_queue_is_passed_after_several_turns_and_at_least_a_second() -> None:

@@ -3,10 +3,12 @@
 * Tickets count up; ``served`` only ever moves up; the queue item is invisible
   to pylance and to the table's own entries.
 * A writer that meets contention takes a ticket and claims only once every
-  ticket before it was served, then serves its own.
+  ticket before it was served; its claim serves its own (the entry records
+  the ticket), and waiters learn their turn from the claims.
 * A ticket nobody serves (its writer died) holds the queue up for the stall
   limit only; serving a later ticket skips it.
-* A ticket is served as soon as its claim is won (before the copy and flip).
+* A turn that ends without a claim is served in the queue item, which a
+  waiter reads when the queue stands still.
 * While pylance commits to the table, lancetx writers do not queue (fair to it).
 * Without ``dynamodb:UpdateItem`` the commit still lands (random backoff) and
   the warning names the action.
@@ -19,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import lance
 import pytest
@@ -32,7 +35,7 @@ from protocol_helpers import (
     pylance_create,
 )
 
-from lancetx.commit.engine import contention
+from lancetx.commit.engine import committer, contention
 from lancetx.commit.engine.committer import CommitOptions, Committed, load_parent
 from lancetx.commit.engine.events import CommitEvent
 from lancetx.commit.handlers.interface import Turns
@@ -147,12 +150,76 @@ def test_a_contended_writer_claims_only_after_the_tickets_before_it(queued: Queu
     assert served_at and claims[0] >= served_at[0]  # waited for its turn
     ops = queued.log.operations()
     assert ops.index("UpdateItem") < ops.index("PutItem")  # a ticket before any claim
-    assert "GetItem" in ops  # looked at the queue while waiting
-    # Served its ticket as soon as its claim was won, before the pointer flip:
-    # the next writer in line starts while this one finishes.
-    assert ops[-3:] == ["PutItem", "UpdateItem", "PutItem"]
+    # The turn ahead ended without a claim: only the queue item shows it, and
+    # a waiter reads it once the queue has stood still for a while.
+    assert "GetItem" in ops
+    # Its own claim served its ticket (recorded in the entry): no request
+    # between the claim and the pointer flip, the queue item left as it was.
+    assert ops[-2:] == ["PutItem", "PutItem"]
     turns = entries.read_turns(base)
-    assert (turns.issued, turns.served, turns.served_version) == (ahead + 1, ahead + 1, 2)
+    assert (turns.issued, turns.served) == (ahead + 1, ahead)
+    entry = entries.get(base, 2)
+    assert entry.summary is not None and entry.summary.ticket == ahead + 1
+    assert entry.summary.claimed_at is not None and claims[0] - 60 < entry.summary.claimed_at
+
+
+def test_a_waiter_learns_its_turn_from_the_claim_before_it(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Claims serve their tickets in their entries; the queue item is not touched.
+    # If the waiter did not watch the claims it would wait the whole stall limit.
+    monkeypatch.setattr(contention, "MIN_STALL", 30.0)
+    monkeypatch.setattr(contention, "MIN_QUEUE_CHECK", 30.0)
+    entries, base = queued.entries, queued.conn.base
+    first = connect(queued.conn.uri, queued.options)
+    assert isinstance(first.handler, ExternalStoreCommitHandler)
+    slow_commit = first.handler.commit
+
+    def after_a_while(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)  # the first writer's turn takes a while
+        return slow_commit(*args, **kwargs)
+
+    monkeypatch.setattr(first.handler, "commit", after_a_while)
+    read_queue: list[str] = []
+    reading = entries.read_turns
+
+    def read_turns(base_uri: str) -> Turns:
+        read_queue.append(base_uri)
+        return reading(base_uri)
+
+    monkeypatch.setattr(entries, "read_turns", read_turns)
+    contended(queued)
+    done: list[Committed] = []
+    writer = threading.Thread(
+        target=lambda: done.append(
+            lancetx_append(
+                first.handler,
+                first.base,
+                first.data_uri,
+                queued.options,
+                batch("first", 0, ROWS),
+                None,
+            )
+        )
+    )
+    writer.start()
+    deadline = time.monotonic() + 10
+    while reading(base).issued < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the first writer holds ticket 1
+    queued.log.clear()
+    began = time.monotonic()
+    ours = queued.append(0)
+    waited = time.monotonic() - began
+    writer.join()
+
+    assert done and done[0].version == 2 and ours.version == 3
+    assert ours.attempts == 1  # it waited for its turn instead of losing a round
+    assert waited < 10  # learnt from the first claim, not from the stall limit
+    assert read_queue == []  # it never read the queue item
+    turns = reading(base)
+    assert (turns.issued, turns.served) == (2, 0)  # nobody served in the queue item
+    tickets = [e.summary.ticket for e in entries.list_entries(base, 1) if e.summary]
+    assert tickets == [1, 2]
 
 
 def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
@@ -169,9 +236,12 @@ def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
     assert committed.version == 2
     assert waited >= 0.3  # it did wait for the dead ticket...
     assert waited < 10  # ...but not for long
-    # Serving ours moved the mark past the dead ticket: nobody waits for it again.
-    turns = entries.read_turns(base)
-    assert (turns.issued, turns.served, turns.served_version) == (dead + 1, dead + 1, 2)
+    # Our claim served our ticket, past the dead one: nobody waits for it again.
+    entry = entries.get(base, 2)
+    assert entry.summary is not None and entry.summary.ticket == dead + 1
+    began = time.monotonic()
+    assert queued.append(1).version == 3
+    assert time.monotonic() - began < 0.3
 
 
 def test_without_update_item_the_commit_lands_and_the_warning_names_the_action(
@@ -232,9 +302,47 @@ def test_a_failure_serving_the_ticket_never_leaves_a_won_claim_unfinished(
         raise KeyError("UpdateItem")
 
     monkeypatch.setattr(queued.entries, "end_turn", broken)
+    # A claim without a summary to record the ticket in serves it in the queue item.
+    monkeypatch.setattr(committer, "_summary", lambda ours: None)
     contended(queued)
     committed = queued.append(0)
     assert committed.version == 2
     entry = queued.entries.get(queued.conn.base, 2)
     assert not entry.is_staged  # finalized: the final manifest, not the staged one
     assert queued.handler.last_outcome is not None and queued.handler.last_outcome.finalized
+
+
+def test_a_round_lost_to_a_claim_made_while_we_tried_joins_the_queue(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lost to a winner that claimed while we tried: contention, so it queues at
+    # once. (A parent that was stale before we began is retried at once instead:
+    # test_request_budget's lost-race tests.) Retrying at once under contention
+    # would stage, claim and lose again.
+    other = connect(queued.conn.uri, queued.options)
+    claim = queued.handler.commit
+    raced: list[int] = []
+
+    def raced_by_another_writer(*args: Any, **kwargs: Any) -> Any:
+        if not raced:
+            winner = lancetx_append(
+                other.handler, other.base, other.data_uri, queued.options, batch("w", 0, ROWS)
+            )
+            raced.append(winner.version)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(queued.handler, "commit", raced_by_another_writer)
+    parent = load_parent(queued.handler, queued.conn.base)
+    queued.log.clear()
+    ours = lancetx_append(
+        queued.handler,
+        queued.conn.base,
+        queued.conn.data_uri,
+        queued.options,
+        batch("queued", 0, ROWS),
+        parent,
+    )
+    assert raced == [2] and ours.version == 3 and ours.attempts == 2
+    assert "UpdateItem" in queued.log.operations()  # took a ticket after the lost round
+    entry = queued.entries.get(queued.conn.base, 3)
+    assert entry.summary is not None and entry.summary.ticket is not None

@@ -335,7 +335,8 @@ def test_after_a_lost_round_the_next_commit_looks_before_it_stages(
     assert second.attempts == 1 and second.version == first.version + 2
     # Contended moments ago: it queues (a ticket; nobody is ahead here), writes its
     # transaction file while it would wait, then looks for newer versions before
-    # staging — no staged-then-lost manifest — and serves its ticket at the end.
+    # staging — no staged-then-lost manifest. Its claim serves its ticket (the
+    # entry records it): no request between the claim and the copy.
     assert counted.ops() == [
         "UpdateItem",
         "PutObject",
@@ -343,11 +344,14 @@ def test_after_a_lost_round_the_next_commit_looks_before_it_stages(
         "GetObject",
         "PutObject",
         "PutItem",
-        "UpdateItem",  # served right after the claim, before copy and flip
         "CopyObject",
         "PutItem",
         "DeleteObject",
     ]
+    entries = counted.conn.handler.entries  # type: ignore[attr-defined]
+    entry = entries.get(counted.conn.base, second.version)
+    assert entry.summary is not None
+    assert entry.summary.ticket == entries.read_turns(counted.conn.base).issued  # the newest
 
 
 def test_without_recent_contention_the_holder_of_its_parent_reads_nothing(

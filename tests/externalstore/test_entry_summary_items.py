@@ -1,0 +1,54 @@
+"""The transaction in brief, and the claim's place in the commit queue, as
+DynamoDB item attributes (``externalstore/dynamodb.py``).
+
+* Written with the claim and read back whole: operation, uuid, idempotency
+  key, queue ticket, claim time (milliseconds).
+* Items without them (pylance's) have no summary; half a summary is none.
+* A queue ticket or claim time that is not a whole number is dropped, not an
+  error: it only times waits, it decides nothing.
+"""
+
+from __future__ import annotations
+
+from lancetx.commit.format.location import TransactionSummary
+from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.dynamodb import entry_from_item, item_from_entry
+from lancetx.externalstore.errors import DynamoDBTarget
+
+TARGET = DynamoDBTarget("t")
+
+
+def entry(summary: TransactionSummary | None) -> ManifestEntry:
+    return ManifestEntry(base_uri="t.lance", version=3, path="t.lance/_versions/x", summary=summary)
+
+
+def test_a_claims_summary_and_queue_place_round_trip() -> None:
+    summary = TransactionSummary("Append", "u-1", "key", ticket=42, claimed_at=1700000000.123)
+    item = item_from_entry(entry(summary), "lancetx")
+    assert item["queue_ticket"] == {"N": "42"}
+    assert item["claimed_at"] == {"N": "1700000000123"}
+    assert entry_from_item(item, TARGET, "Query").summary == summary
+
+
+def test_a_claim_outside_the_queue_has_a_time_but_no_ticket() -> None:
+    summary = TransactionSummary("Delete", "u-2", claimed_at=1700000000.5)
+    item = item_from_entry(entry(summary), "lancetx")
+    assert "queue_ticket" not in item
+    assert entry_from_item(item, TARGET, "Query").summary == summary
+
+
+def test_items_without_a_summary_or_with_half_of_one_have_none() -> None:
+    item = item_from_entry(entry(None), "pylance")
+    assert not {"txn_operation", "queue_ticket", "claimed_at"} & item.keys()
+    assert entry_from_item(item, TARGET, "Query").summary is None
+    item["queue_ticket"] = {"N": "7"}  # a ticket without the transaction is no summary
+    item["txn_operation"] = {"S": "Append"}
+    assert entry_from_item(item, TARGET, "Query").summary is None
+
+
+def test_a_queue_mark_that_is_not_a_whole_number_is_dropped() -> None:
+    summary = TransactionSummary("Append", "u-3", ticket=5, claimed_at=1700000000.0)
+    item = item_from_entry(entry(summary), "lancetx")
+    item["queue_ticket"] = {"N": "5.5"}
+    item["claimed_at"] = {"N": "-1"}
+    assert entry_from_item(item, TARGET, "Query").summary == TransactionSummary("Append", "u-3")
