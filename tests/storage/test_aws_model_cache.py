@@ -124,7 +124,9 @@ def _stop_before_sending(request: Any, **kwargs: Any) -> None:
     raise Sent(request.url, str(request.headers.get("Authorization", b""), "utf-8", "replace"))
 
 
-def where_it_goes(session: Any, service: str, region: str, endpoint_url: str | None) -> tuple[Any, ...]:
+def where_it_goes(
+    session: Any, service: str, region: str, endpoint_url: str | None
+) -> tuple[Any, ...]:
     """Where a client of ``session`` sends a request, and the scope it signs it for."""
     kwargs: dict[str, Any] = {
         "region_name": region,
