@@ -171,6 +171,8 @@ def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
     }  # fmt: skip
     assert doctor_probes <= actions(out.json["cli"])
     assert "dynamodb:UpdateItem" in actions(out.json["writer"])  # the commit queue
+    for role in ("writer", "reader"):  # a connection's checks, in one read
+        assert "dynamodb:BatchGetItem" in actions(out.json[role]), role
     assert "dynamodb:UpdateItem" not in actions(out.json["reader"])
     assert "dynamodb:DeleteItem" not in actions(out.json["writer"])
     assert "dynamodb:CreateTable" not in actions(out.json["writer"])
