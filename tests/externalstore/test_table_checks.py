@@ -87,7 +87,7 @@ def test_a_moved_table_is_refused_from_the_batch_read(
     conn = connect(uri, options)
     record_moved(conn.handler.entries, conn.base, "s3://elsewhere/t.lance")  # type: ignore[attr-defined]
     fresh = connect(uri, options)
-    with pytest.raises(TableMovedError, match="s3://elsewhere/t.lance"):
+    with pytest.raises(TableMovedError, match=r"s3://elsewhere/t\.lance"):
         load_parent(fresh.handler, fresh.base)
 
 
