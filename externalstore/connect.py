@@ -26,8 +26,8 @@ from lancetx.commit.storage.s3store import S3ObjectStore, parse_bool_option
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
-from lancetx.externalstore.moved import check_not_moved
 from lancetx.externalstore.preflight import Preflight
+from lancetx.externalstore.table_checks import check_stamp_and_moved
 from lancetx.externalstore.uri import parse_ddb_uri
 
 
@@ -48,16 +48,13 @@ class TableConnection:
 
 
 def _table_checks(entries: DynamoDBManifestStore, base: str) -> list[Callable[[], object]]:
-    """What an ``s3+ddb://`` connection checks beside its first request, most basic first."""
-    return [
-        # The table's key layout (DescribeTable, once per table per process).
-        entries.validate_layout,
-        # A store of a newer lancetx's layout (GetItem, once per table per process).
-        entries.check_stamp,
-        # A table migrated to conditional PUT must not take s3+ddb:// commits (GetItem,
-        # once per connection: a migration may happen while a process runs).
-        lambda: check_not_moved(entries, base, entries.table_name),
-    ]
+    """What an ``s3+ddb://`` connection checks beside its first request: a store of a
+    newer lancetx's layout (once per table per process) and a table migrated to
+    conditional PUT (once per connection: a migration may happen while a process
+    runs), in one BatchGetItem; a table of another key layout rejects that read (see
+    :mod:`lancetx.externalstore.table_checks`). The layout itself is checked
+    (DescribeTable) beside the first write."""
+    return [lambda: check_stamp_and_moved(entries, base)]
 
 
 def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> TableConnection:
@@ -65,13 +62,15 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
     UnsupportedOperationError for a legacy ``s3://`` store.
 
     An ``s3+ddb://`` connection sends nothing until it is first used; its DynamoDB
-    table's checks (DescribeTable and the layout stamp once per table per process, the
-    moved record once per connection) then run beside that first request (see
+    table's checks (the layout stamp once per table per process, the moved record
+    once per connection: one BatchGetItem) then run beside that first request (see
     :mod:`lancetx.externalstore.preflight`) and raise instead of its result:
     TableNotFoundError (no such table), TableSchemaError (another key layout),
     StoreSchemaTooNewError (a newer lancetx's store) or TableMovedError (the table
-    was migrated to conditional PUT). Clients are the process's shared ones (see
-    :mod:`lancetx.commit.storage.aws_clients`), so connecting again is cheap."""
+    was migrated to conditional PUT). The key layout is also checked (DescribeTable,
+    once per table per process) beside the first write. Clients are the process's
+    shared ones (see :mod:`lancetx.commit.storage.aws_clients`), so connecting again
+    is cheap."""
     options = dict(storage_options or {})
     if uri.lower().startswith("s3+ddb://"):
         parsed = parse_ddb_uri(uri)
@@ -81,7 +80,10 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
             store.name_table(parsed.base_key, uri)
         # Nothing is sent yet: the table's checks run beside its first request.
         entries = DynamoDBManifestStore.from_config(
-            parsed.table_name, DynamoDBConfig.from_options(options), validate=False
+            parsed.table_name,
+            DynamoDBConfig.from_options(options),
+            validate=False,
+            validate_on_write=True,
         )
         handler: CommitHandler = ExternalStoreCommitHandler(
             store, entries, preflight=Preflight(_table_checks(entries, parsed.base_key))

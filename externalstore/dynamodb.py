@@ -58,6 +58,7 @@ from lancetx.externalstore.base import (
     pointer_flip_done,
 )
 from lancetx.externalstore.errors import (
+    AccessDeniedError,
     AmbiguousWriteError,
     DynamoDBTarget,
     EntriesExistError,
@@ -70,9 +71,11 @@ from lancetx.externalstore.errors import (
     MalformedEntryError,
     TableNotFoundError,
     TableSchemaError,
+    ThrottledError,
     error_code,
     translate_error,
 )
+from lancetx.externalstore.preflight import Preflight
 from lancetx.externalstore.retry import (
     BOTOCORE_RETRIES,
     DYNAMODB_RETRY,
@@ -344,6 +347,7 @@ METHODS = {
     "DescribeTable": "describe_table",
     "CreateTable": "create_table",
     "GetItem": "get_item",
+    "BatchGetItem": "batch_get_item",
     "PutItem": "put_item",
     "Query": "query",
     "DeleteItem": "delete_item",
@@ -589,6 +593,40 @@ def get_plan(ctx: PlanContext, base_uri: str, version: int) -> Plan[ManifestEntr
     if entry is None:
         raise EntryNotFoundError("dynamodb:GetItem", ctx.target.resource, base_uri, version)
     return entry
+
+
+def batch_get_plan(
+    ctx: PlanContext, keys: Sequence[Mapping[str, Any]]
+) -> Plan[list[dict[str, Any] | None]]:
+    """The items at ``keys`` (None where there is none), read consistently in one
+    BatchGetItem (up to 100 keys); keys DynamoDB leaves unprocessed (throttling) are
+    asked for again after our backoff. Raises ThrottledError when they stay unprocessed."""
+    if len(keys) > 100:
+        raise ValueError(f"{len(keys)} keys in one BatchGetItem; DynamoDB allows 100")
+    found: list[dict[str, Any]] = []
+    pending = [dict(key) for key in keys]
+    attempts = Attempts(ctx.retry, ctx.rng)
+    while pending:
+        request = {ctx.table: {"Keys": pending, "ConsistentRead": True}}
+        response = yield from call_plan(ctx, ApiCall("BatchGetItem", {"RequestItems": request}))
+        found.extend(response.get("Responses", {}).get(ctx.table) or [])
+        pending = list((response.get("UnprocessedKeys") or {}).get(ctx.table, {}).get("Keys") or [])
+        if pending:
+            delay = attempts.record(ErrorKind.THROTTLED, write=False)
+            if delay is None:
+                raise ThrottledError(
+                    "dynamodb:BatchGetItem",
+                    ctx.target.resource,
+                    "UnprocessedKeys",
+                    attempts.count,
+                )
+            yield Sleep(delay)
+
+    def key_values(item: Mapping[str, Any]) -> tuple[Any, Any]:
+        return (item.get(BASE_URI, {}).get("S"), item.get(VERSION, {}).get("N"))
+
+    by_key = {key_values(item): item for item in found}
+    return [by_key.get(key_values(key)) for key in keys]
 
 
 def latest_plan(ctx: PlanContext, base_uri: str) -> Plan[ManifestEntry | None]:
@@ -927,6 +965,17 @@ _VALIDATED: dict[tuple[str | None, str | None, str], TableInfo] = {}
 _VALIDATED_LOCK = threading.Lock()
 
 
+_WARNED: set[tuple[str | None, ...]] = set()
+
+
+def _warn_once(key: tuple[str | None, ...]) -> bool:
+    """Whether this is the process's first warning about ``key``."""
+    with _VALIDATED_LOCK:
+        first = key not in _WARNED
+        _WARNED.add(key)
+        return first
+
+
 def validation_key(target: DynamoDBTarget) -> tuple[str | None, str | None, str]:
     """Cache key of a validated table: (endpoint, region, table)."""
     return (target.endpoint, target.region, target.table)
@@ -998,8 +1047,11 @@ class DynamoDBManifestStore(ExternalManifestStore):
     nothing is sent until the first operation: a missing table then raises
     TableNotFoundError, and a request DynamoDB rejects on a table not yet
     validated in this process is checked against the layout (one DescribeTable,
-    on that error only) and raises TableSchemaError when the layout is why.
-    ``page_size`` bounds the items per Query page (None: DynamoDB's 1 MB pages).
+    on that error only) and raises TableSchemaError when the layout is why; with
+    ``validate_on_write`` as well, the layout is checked beside the store's first
+    write (DescribeTable once per table per process, see :mod:`.preflight`), so reads
+    need no DescribeTable and a writer still learns of another layout from its first
+    write. ``page_size`` bounds the items per Query page (None: DynamoDB's 1 MB pages).
     """
 
     def __init__(
@@ -1011,6 +1063,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
         retry: RetryPolicy | None = None,
         page_size: int | None = None,
         validate: bool = True,
+        validate_on_write: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.client = client
@@ -1024,6 +1077,14 @@ class DynamoDBManifestStore(ExternalManifestStore):
         )
         self._sleep = sleep
         self.table_info: TableInfo | None = None
+        #: The layout check beside the first write (None: not asked for).
+        self._write_check = (
+            Preflight(
+                [self._check_layout_for_writes], verdicts=(TableSchemaError, TableNotFoundError)
+            )
+            if validate_on_write
+            else None
+        )
         if validate:
             self.validate()
 
@@ -1062,6 +1123,30 @@ class DynamoDBManifestStore(ExternalManifestStore):
             # A table of another key layout rejects our keys; say so plainly instead.
             self._explain_rejection(exc)
             raise
+
+    def _write(self, plan: Plan[T]) -> T:
+        check = self._write_check
+        if check is None or check.passed:
+            return self._run(plan)
+        if cached_validation(self._ctx.target) is not None:
+            self.validate_layout()  # from the process's cache: nothing sent
+            return self._run(plan)
+        return check.beside(lambda: self._run(plan))
+
+    def _check_layout_for_writes(self) -> None:
+        try:
+            self.validate_layout()
+        except AccessDeniedError as exc:
+            if exc.code != "AccessDeniedException":
+                raise  # the credentials, not the policy: check again at the next write
+            # The policy lacks DescribeTable. A wrong layout still makes DynamoDB reject
+            # our keys, which is explained when it happens; do not ask at every write.
+            if _warn_once(("describe-denied", *validation_key(self._ctx.target))):
+                log.warning(
+                    "cannot check the key layout of DynamoDB table %s before writing: %s",
+                    self._ctx.target.resource,
+                    exc,
+                )
 
     def _explain_rejection(self, exc: InvalidRequestError) -> None:
         """Raise TableSchemaError (from ``exc``) when the table's layout is the reason
@@ -1104,14 +1189,25 @@ class DynamoDBManifestStore(ExternalManifestStore):
     def get(self, base_uri: str, version: int) -> ManifestEntry:
         return self._run(get_plan(self._ctx, base_uri, version))
 
+    def get_items(self, keys: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
+        """The raw items at ``keys`` (None where there is none), in one consistent
+        BatchGetItem (``dynamodb:BatchGetItem``)."""
+        return self._run(batch_get_plan(self._ctx, keys))
+
     def latest(self, base_uri: str) -> ManifestEntry | None:
-        return self._run(latest_plan(self._ctx, base_uri))
+        entry = self._run(latest_plan(self._ctx, base_uri))
+        if entry is None and self._write_check is not None:
+            # Nothing found may be a table of another layout answering our Query (a
+            # hash-only table does); check the layout before anyone concludes from the
+            # absence (e.g. onboards the table). Found items are parsed strictly.
+            self.validate_layout()
+        return entry
 
     def put_if_not_exists(self, entry: ManifestEntry) -> None:
-        self._run(put_if_not_exists_plan(self._ctx, entry))
+        self._write(put_if_not_exists_plan(self._ctx, entry))
 
     def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
-        self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+        self._write(put_if_exists_plan(self._ctx, entry, expected_path))
 
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str
@@ -1119,19 +1215,19 @@ class DynamoDBManifestStore(ExternalManifestStore):
         """All versions claimed in one TransactWriteItems, or none
         (``dynamodb:TransactWriteItems`` must be allowed; it needs ``dynamodb:PutItem``
         on the table as well)."""
-        self._run(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
+        self._write(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
 
     def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
         return self._run(list_plan(self._ctx, base_uri, since))
 
     def delete_all(self, base_uri: str) -> None:
-        self._run(delete_all_plan(self._ctx, base_uri))
+        self._write(delete_all_plan(self._ctx, base_uri))
 
     def take_ticket(self, base_uri: str) -> Turns:
         """Join ``base_uri``'s commit queue (see :mod:`lancetx.externalstore.commit_queue`)."""
         from lancetx.externalstore.commit_queue import take_ticket_plan
 
-        return self._run(take_ticket_plan(self._ctx, base_uri))
+        return self._write(take_ticket_plan(self._ctx, base_uri))
 
     def read_turns(self, base_uri: str) -> Turns:
         from lancetx.externalstore.commit_queue import read_turns_plan
@@ -1141,4 +1237,4 @@ class DynamoDBManifestStore(ExternalManifestStore):
     def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
         from lancetx.externalstore.commit_queue import end_turn_plan
 
-        self._run(end_turn_plan(self._ctx, base_uri, ticket, version))
+        self._write(end_turn_plan(self._ctx, base_uri, ticket, version))

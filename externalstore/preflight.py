@@ -12,16 +12,25 @@ migrated, the store is newer than this lancetx) is raised instead of the result,
 also instead of the request's own error, which it usually explains. A check that
 passed is not repeated for the connection; one that failed (or could not be made, e.g.
 throttled) is made again at the next use.
+
+A check beside a *write* must not turn a write that landed into an error that says
+it did not: such a :class:`Preflight` is given the ``verdicts``, the errors that
+mean "this result must not be used" (e.g. the table has another layout); any other
+error of a check (throttled, unreachable) is logged, leaves the action's own outcome
+alone and the check is made again at the next use.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class Preflight:
@@ -30,8 +39,14 @@ class Preflight:
     the slowest one, not their sum; if several fail, the first in ``checks`` order is
     raised (put the most basic first)."""
 
-    def __init__(self, checks: Sequence[Callable[[], object]]) -> None:
+    def __init__(
+        self,
+        checks: Sequence[Callable[[], object]],
+        *,
+        verdicts: tuple[type[BaseException], ...] = (BaseException,),
+    ) -> None:
         self._checks = tuple(checks)
+        self._verdicts = verdicts
         self._lock = threading.Lock()
         self._passed = False
         self._pending: list[Future[None]] | None = None
@@ -71,8 +86,11 @@ class Preflight:
                 self._pending = None
             elif self._pending is pending:
                 self._pending = None  # not passed: check again at the next use
+        verdict = next((e for e in errors if isinstance(e, self._verdicts)), None)
+        if verdict is not None:
+            raise verdict
         if failed is not None:
-            raise failed
+            log.warning("could not check beside the request, will check again: %s", failed)
 
 
 def _start(check: Callable[[], object]) -> Future[None]:

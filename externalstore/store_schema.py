@@ -16,7 +16,7 @@ idempotent steps from one layout to the next, one ``match`` arm each.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,13 +62,17 @@ def stamp_key() -> dict[str, Any]:
     return {"base_uri": {"S": STAMP_BASE_URI}, "version": {"N": str(STAMP_VERSION)}}
 
 
+def stamp_of(item: Mapping[str, Any] | None) -> int | None:
+    """The layout a stamp item records (None: no stamp)."""
+    raw = (item or {}).get(SCHEMA_ATTRIBUTE, {}).get("N")
+    return int(raw) if raw is not None else None
+
+
 def read_stamp_plan(ctx: PlanContext) -> Plan[int | None]:
     """The stamped layout (consistent GetItem), as a plan for either driver; None if unstamped."""
     params = {"TableName": ctx.table, "Key": stamp_key(), "ConsistentRead": True}
     response = yield from call_plan(ctx, ApiCall("GetItem", params))
-    item = response.get("Item") or {}
-    raw = item.get(SCHEMA_ATTRIBUTE, {}).get("N")
-    return int(raw) if raw is not None else None
+    return stamp_of(response.get("Item"))
 
 
 def read_stamp(client: Any, table: str) -> int | None:
@@ -111,6 +115,21 @@ def _refuse_newer(table: str, found: int | None) -> int | None:
     if found is not None and found > CURRENT_SCHEMA_VERSION:
         raise StoreSchemaTooNewError(table, found, CURRENT_SCHEMA_VERSION)
     return found
+
+
+def stamp_checked(client: Any, table: str) -> bool:
+    """Whether ``table``'s stamp was read in this process (through ``client``'s endpoint
+    and region)."""
+    with _LOCK:
+        return _cache_key(client, table) in _CHECKED
+
+
+def remember_stamp(client: Any, table: str, found: int | None) -> int | None:
+    """Record the stamp ``found`` (read by the caller) for the process, as
+    :func:`check_stamp` would, and refuse it if newer. Raises StoreSchemaTooNewError."""
+    with _LOCK:
+        _CHECKED[_cache_key(client, table)] = found
+    return _refuse_newer(table, found)
 
 
 def check_stamp(client: Any, table: str) -> int | None:
@@ -222,5 +241,8 @@ __all__ = [
     "migrate",
     "read_stamp",
     "read_stamp_plan",
+    "remember_stamp",
+    "stamp_checked",
+    "stamp_of",
     "write_stamp",
 ]

@@ -19,6 +19,14 @@ copy or none) and only ever by the user that runs lancetx, under
 When the directory cannot be written the loader simply parses the JSON, as botocore
 does. Dicts come back as plain ``dict`` (ordered, like the ``OrderedDict`` botocore
 builds).
+
+``endpoints.json`` holds the endpoints of every AWS service (~300) in every partition;
+botocore loads all of it for the first client, to look up one service. With the cache
+on, the session's endpoint resolver (:class:`TrimmedEndpointResolver`) starts from a
+copy holding only the services lancetx's clients and credentials use
+(:data:`ENDPOINT_SERVICES`), every partition's own data intact, and loads the whole
+file the first time it is asked about any other service: it answers every question
+as botocore's resolver does, only sooner.
 """
 
 from __future__ import annotations
@@ -29,11 +37,14 @@ import marshal
 import os
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import botocore
 from botocore.loaders import JSONFileLoader
+from botocore.regions import EndpointResolver
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +151,156 @@ class CachedServiceList:
         return services
 
 
+#: The services whose endpoints the trimmed endpoint data keeps: lancetx's clients, and
+#: STS, which botocore's credential providers call for an assumed role.
+ENDPOINT_SERVICES = ("dynamodb", "s3", "sts")
+#: botocore's name of its endpoint data (``endpoints.json``).
+_ENDPOINTS = "endpoints"
+
+
+def trim_endpoints(data: dict[str, Any], services: Iterable[str]) -> dict[str, Any]:
+    """``endpoints.json``'s ``data`` with only ``services`` under each partition's
+    ``services`` (every other field of a partition and of the file as it is)."""
+    keep = set(services)
+    partitions = []
+    for partition in data["partitions"]:
+        trimmed = dict(partition)
+        trimmed["services"] = {
+            name: value for name, value in partition.get("services", {}).items() if name in keep
+        }
+        partitions.append(trimmed)
+    return {**data, "partitions": partitions}
+
+
+class TrimmedEndpointResolver(EndpointResolver):
+    """botocore's endpoint resolver, started on the endpoint data of ``services`` only.
+
+    Asked about any other service it first replaces that data with the whole file
+    (``load_full``), once, so its answers are always botocore's. Questions about
+    partitions and regions need no service and are answered from the partitions'
+    own data, which the trimmed copy keeps whole.
+    """
+
+    def __init__(
+        self,
+        trimmed: dict[str, Any],
+        services: Iterable[str],
+        load_full: Callable[[], dict[str, Any]],
+        uses_builtin_data: bool = False,
+    ) -> None:
+        super().__init__(trimmed, uses_builtin_data=uses_builtin_data)
+        self.services = frozenset(services)
+        self._load_full: Callable[[], dict[str, Any]] | None = load_full
+        self._lock = threading.Lock()
+
+    @property
+    def trimmed(self) -> bool:
+        """Whether the resolver still holds the trimmed data."""
+        return self._load_full is not None
+
+    def _cover(self, service_name: str) -> None:
+        if service_name in self.services or self._load_full is None:
+            return
+        with self._lock:
+            if self._load_full is not None:
+                self._endpoint_data = self._load_full()
+                self._load_full = None
+
+    def get_service_endpoints_data(self, service_name: str, *args: Any, **kwargs: Any) -> Any:
+        self._cover(service_name)
+        return super().get_service_endpoints_data(service_name, *args, **kwargs)
+
+    def get_available_endpoints(self, service_name: str, *args: Any, **kwargs: Any) -> Any:
+        self._cover(service_name)
+        return super().get_available_endpoints(service_name, *args, **kwargs)
+
+    def construct_endpoint(self, service_name: str, *args: Any, **kwargs: Any) -> Any:
+        self._cover(service_name)
+        return super().construct_endpoint(service_name, *args, **kwargs)
+
+
+def _endpoints_source(loader: Any) -> tuple[str, str] | None:
+    """Where botocore's loader would read ``endpoints`` from: (the path it reports,
+    the file), the first search path holding the file, as
+    ``loader.load_data_with_path`` searches."""
+    for path in loader.search_paths:
+        if not os.path.isdir(path):
+            continue
+        candidate = os.path.join(path, _ENDPOINTS)
+        for extension in _EXTENSIONS:
+            if os.path.isfile(candidate + extension):
+                return candidate, candidate + extension
+    return None
+
+
+def _trimmed_copy(directory: Path, source: str, services: Iterable[str]) -> Path | None:
+    try:
+        stat = os.stat(source)
+    except OSError:
+        return None
+    key = "\0".join(
+        [
+            "trimmed-endpoints",
+            source,
+            str(stat.st_size),
+            str(stat.st_mtime_ns),
+            ",".join(sorted(services)),
+            botocore.__version__,
+            sys.version,
+            str(marshal.version),
+        ]
+    )
+    return directory / (hashlib.sha256(key.encode()).hexdigest() + ".marshal")
+
+
+def endpoint_resolver_factory(
+    botocore_session: Any, directory: Path, services: Iterable[str] = ENDPOINT_SERVICES
+) -> Callable[[], EndpointResolver]:
+    """What builds ``botocore_session``'s endpoint resolver: a
+    :class:`TrimmedEndpointResolver` from the trimmed copy (written from the whole
+    data the first time), or botocore's own when the data cannot be found."""
+    kept = tuple(sorted(set(services)))
+
+    def create() -> EndpointResolver:
+        loader = botocore_session.get_component("data_loader")
+        found = _endpoints_source(loader)
+        if found is None:  # botocore's behaviour (and its error), unchanged
+            endpoints, path = loader.load_data_with_path(_ENDPOINTS)
+            return EndpointResolver(endpoints, uses_builtin_data=loader.is_builtin_path(path))
+        path, source = found
+
+        def load_full() -> dict[str, Any]:
+            data, _ = loader.load_data_with_path(_ENDPOINTS)
+            return _as_dict(data)
+
+        copy = _trimmed_copy(directory, source, kept)
+        trimmed: Any = None
+        if copy is not None:
+            try:
+                trimmed = marshal.loads(copy.read_bytes())
+            except (OSError, EOFError, ValueError, TypeError):
+                trimmed = None
+        if not isinstance(trimmed, dict) or "partitions" not in trimmed:
+            trimmed = trim_endpoints(load_full(), kept)
+            if copy is not None:
+                _write(copy, trimmed)
+        return TrimmedEndpointResolver(
+            trimmed, kept, load_full, uses_builtin_data=loader.is_builtin_path(path)
+        )
+
+    return create
+
+
+def _as_dict(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TypeError(f"botocore's endpoint data is a {type(data).__name__}, not a dict")
+    return data
+
+
 def install(botocore_session: Any) -> None:
     """Serve ``botocore_session``'s data files (and its list of services) through the
-    cache, if it is on."""
+    cache, if it is on, and give it an endpoint resolver that starts from the
+    endpoints of :data:`ENDPOINT_SERVICES` only."""
     directory = cache_dir()
     if directory is None:
         return
@@ -152,6 +310,23 @@ def install(botocore_session: Any) -> None:
         # An instance attribute, so botocore's own method (and its in-process cache)
         # stays what answers when the copy is missing.
         loader.list_available_services = CachedServiceList(loader, directory)
+        internal = getattr(botocore_session, "_internal_components", None)
+        if internal is not None and hasattr(internal, "lazy_register_component"):
+            # botocore registers its own resolver the same way (lazily, as an internal
+            # component); this one replaces it before any client asked for it.
+            internal.lazy_register_component(
+                "endpoint_resolver", endpoint_resolver_factory(botocore_session, directory)
+            )
 
 
-__all__ = ["CACHE_ENV", "CachedServiceList", "CachingFileLoader", "cache_dir", "install"]
+__all__ = [
+    "CACHE_ENV",
+    "ENDPOINT_SERVICES",
+    "CachedServiceList",
+    "CachingFileLoader",
+    "TrimmedEndpointResolver",
+    "cache_dir",
+    "endpoint_resolver_factory",
+    "install",
+    "trim_endpoints",
+]

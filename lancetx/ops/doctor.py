@@ -181,6 +181,17 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool) -> list[Check]:
             resource,
         )[0]
     )
+    # A connection's checks (the layout stamp and the moved record) are one
+    # BatchGetItem; a policy written before lancetx used it lacks it.
+    checks.append(
+        _probe(
+            "dynamodb:BatchGetItem",
+            lambda: client.batch_get_item(
+                RequestItems={name: {"Keys": [probe_key], "ConsistentRead": True}}
+            ),
+            resource,
+        )[0]
+    )
     checks.append(
         _probe(
             "dynamodb:Query",

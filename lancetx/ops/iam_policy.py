@@ -6,7 +6,9 @@ Actions by role (what the code paths actually call):
   staged and final manifests; CopyObject is a GetObject + PutObject),
   DeleteObject (its staged manifests, files of failed attempts), ListBucket
   (onboarding, conflict checks); DynamoDB DescribeTable (layout check),
-  GetItem, Query, PutItem (claim and pointer flip).
+  GetItem, BatchGetItem (a connection's checks: the layout stamp and the moved
+  record in one read; without it two GetItems and a warning), Query, PutItem
+  (claim and pointer flip).
 * reader: as a writer minus data writes: a reader finalizes a version whose
   writer stopped half-way (copy + flip + delete of the staged manifest) and
   records versions written before DynamoDB, so it needs PutObject and
@@ -24,7 +26,12 @@ from lancetx.ops.table import OpsTable
 
 S3_READ = ["s3:GetObject"]
 S3_WRITE = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-DDB_READ = ["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query"]
+DDB_READ = [
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+]
 DDB_WRITE = [*DDB_READ, "dynamodb:PutItem"]
 #: Writers also take turns in the table's commit queue under contention (UpdateItem).
 DDB_WRITER = [*DDB_WRITE, "dynamodb:UpdateItem"]

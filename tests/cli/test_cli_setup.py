@@ -115,7 +115,10 @@ def test_doctor_reports_each_permission_and_whether_the_bucket_honours_if_none_m
     assert found.code == 1, found.stdout + found.stderr
     checks = {c["name"]: c["status"] for c in found.json["checks"]}
     assert checks["dynamodb:DeleteItem"] == "denied"
-    for ok in ("dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem"):
+    for ok in (
+        "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query",
+        "dynamodb:PutItem",
+    ):  # fmt: skip
         assert checks[ok] == "ok", ok
     for ok in ("s3:ListBucket", "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "key-schema"):
         assert checks[ok] == "ok", ok
@@ -130,6 +133,23 @@ def test_doctor_reports_each_permission_and_whether_the_bucket_honours_if_none_m
     assert table.objects() == sorted(
         k for k in table.objects() if "_lancetx_probe" not in k
     )  # probes cleaned up
+
+
+def test_doctor_reports_a_policy_without_batch_get_item(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """Opening a table reads its checks in one BatchGetItem: doctor probes that action
+    too, read-only (it runs under --dry-run), and says how to grant it."""
+    table = make_table(aws, bucket, ddb_table_name, versions=1)
+    aws.set_interceptor(access_denied("BatchGetItem"))
+    found = run_cli(aws, "doctor", table.uri, "--dry-run", "--json")
+    aws.set_interceptor(None)
+    assert found.code == 1, found.stdout + found.stderr
+    (check,) = [c for c in found.json["checks"] if c["name"] == "dynamodb:BatchGetItem"]
+    assert check["status"] == "denied"
+    assert ddb_table_name in check["detail"] and "iam-policy" in check["fix"]
+    checks = {c["name"]: c["status"] for c in found.json["checks"]}
+    assert checks["dynamodb:GetItem"] == checks["dynamodb:Query"] == "ok"
 
 
 def test_doctor_finds_another_buckets_table_sharing_the_path_and_dynamodb_table(
@@ -166,11 +186,13 @@ def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
         return {a for s in policy["Statement"] for a in s["Action"]}
 
     doctor_probes = {
-        "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem",
-        "dynamodb:DeleteItem", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+        "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query",
+        "dynamodb:PutItem", "dynamodb:DeleteItem", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
     }  # fmt: skip
     assert doctor_probes <= actions(out.json["cli"])
     assert "dynamodb:UpdateItem" in actions(out.json["writer"])  # the commit queue
+    for role in ("writer", "reader"):  # a connection's checks, in one read
+        assert "dynamodb:BatchGetItem" in actions(out.json[role]), role
     assert "dynamodb:UpdateItem" not in actions(out.json["reader"])
     assert "dynamodb:DeleteItem" not in actions(out.json["writer"])
     assert "dynamodb:CreateTable" not in actions(out.json["writer"])

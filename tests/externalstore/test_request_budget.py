@@ -20,8 +20,9 @@ starts. Budgets:
   in the commit queue (one UpdateItem), asks for newer versions (one Query)
   before staging instead of losing its first claim, and serves its ticket as
   soon as its claim is won (one UpdateItem);
-* connecting sends nothing; the first read is its own requests plus the checks beside
-  it; no DescribeTable after the first use in a process;
+* connecting sends nothing; the first read is its own requests plus one BatchGetItem
+  beside it (the checks), no DescribeTable; the first write of a process has one
+  DescribeTable beside it (the key layout);
 * an append by a writer holding its parent, counted on the server with pylance's
   data-file PUT: 7 requests (the data file + the commit), no LIST, no HEAD, no GET.
 """
@@ -407,24 +408,32 @@ def test_a_fresh_connection_sends_nothing_before_its_first_read(
         parent = load_parent(conn.handler, conn.base)
         assert parent is not None and parent.version == 1
         # The read itself (Query + GET of the manifest's tail); beside it, on another
-        # thread, the checks: the table's layout, the store's layout stamp, the
-        # table's moved record.
-        checks = ["DescribeTable", "GetItem", "GetItem"]
-        assert sorted(log.operations()) == sorted(["Query", "GetObject", *checks])
+        # thread, the checks: the store's layout stamp and the table's moved record in
+        # one BatchGetItem. No DescribeTable: a read does not need one.
+        assert sorted(log.operations()) == ["BatchGetItem", "GetObject", "Query"]
         log.clear()
 
         assert load_parent(conn.handler, conn.base) is not None
         assert log.operations() == ["Query", "GetObject"]  # checks are not repeated
         log.clear()
 
-        # Another connection in the same process: clients, the layout and the stamp
-        # are the process's (no DescribeTable after the first use); only the moved
-        # record is read again (a migration may happen while
+        # Another connection in the same process: clients and the stamp are the
+        # process's; only the moved record is read again (a migration may happen while
         # the process runs).
         again = connect(uri, options)
         assert log.operations() == []
         assert load_parent(again.handler, again.base) is not None
         assert sorted(log.operations()) == ["GetItem", "GetObject", "Query"]
+        log.clear()
+
+        # The first write checks the key layout beside it, once per process.
+        held = demo.lancetx_append(conn, batch("w", 0, ROWS), parent)
+        assert held.version == 2
+        first_write = log.operations()
+        assert first_write.count("DescribeTable") == 1 and "PutItem" in first_write
+        log.clear()
+        held = demo.lancetx_append(again, batch("w", 1, ROWS), held)
+        assert log.operations() == APPEND
     assert again.handler.store.client is conn.handler.store.client  # type: ignore[attr-defined]
     assert again.handler.entries.client is conn.handler.entries.client  # type: ignore[attr-defined]
 

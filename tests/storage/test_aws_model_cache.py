@@ -15,9 +15,14 @@ from typing import Any
 import botocore.loaders
 import botocore.session
 import pytest
+from botocore.regions import EndpointResolver
 
 from lancetx.commit.storage import aws_model_cache
-from lancetx.commit.storage.aws_model_cache import CACHE_ENV, CachingFileLoader
+from lancetx.commit.storage.aws_model_cache import (
+    CACHE_ENV,
+    CachingFileLoader,
+    TrimmedEndpointResolver,
+)
 from lancetx.externalstore.embedded import EmbeddedAws
 
 
@@ -93,3 +98,139 @@ def test_the_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert type(session.get_component("data_loader").file_loader) is (
         botocore.loaders.JSONFileLoader
     )
+    # botocore's own endpoint resolver, over the whole endpoint data.
+    resolver = session._get_internal_component("endpoint_resolver")
+    assert type(resolver) is EndpointResolver
+    assert len(resolver._endpoint_data["partitions"][0]["services"]) > 100
+
+
+# ------------------------------------------------------------------ trimmed endpoint data
+
+REGIONS = ("us-east-1", "eu-west-1", "cn-north-1", "us-gov-west-1")
+#: lancetx's clients, and STS (credentials of an assumed role).
+LANCETX_SERVICES = ("s3", "dynamodb", "sts")
+
+
+class Sent(Exception):
+    """Raised by the hook below instead of sending: what would have gone on the wire."""
+
+    def __init__(self, url: str, authorization: str) -> None:
+        super().__init__(url)
+        self.url = url
+        self.authorization = authorization
+
+
+def _stop_before_sending(request: Any, **kwargs: Any) -> None:
+    raise Sent(request.url, str(request.headers.get("Authorization", b""), "utf-8", "replace"))
+
+
+def where_it_goes(
+    session: Any, service: str, region: str, endpoint_url: str | None
+) -> tuple[Any, ...]:
+    """Where a client of ``session`` sends a request, and the scope it signs it for."""
+    kwargs: dict[str, Any] = {
+        "region_name": region,
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+    }
+    if endpoint_url is not None:
+        kwargs["endpoint_url"] = endpoint_url
+    client = session.create_client(service, **kwargs)
+    client.meta.events.register("before-send", _stop_before_sending)
+    call = {
+        "s3": lambda: client.head_bucket(Bucket="some-bucket"),
+        "dynamodb": lambda: client.describe_table(TableName="some-table"),
+        "sts": lambda: client.get_caller_identity(),
+        "sqs": lambda: client.list_queues(),
+    }[service]
+    with pytest.raises(Sent) as sent:
+        call()
+    scope = sent.value.authorization.split("Credential=", 1)[-1].split(",", 1)[0]
+    return (
+        client.meta.endpoint_url,
+        client.meta.region_name,
+        client.meta.partition,
+        sent.value.url,
+        scope.split("/", 2)[-1],  # date/region/service/aws4_request, without the key id
+    )
+
+
+def resolver_of(session: Any) -> Any:
+    return session._get_internal_component("endpoint_resolver")
+
+
+def test_clients_resolve_the_same_endpoints_from_the_trimmed_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, "off")
+    plain = new_session()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    new_session()  # writes the trimmed copy
+    trimmed = new_session()  # reads it, as the next process would
+    assert isinstance(resolver_of(trimmed), TrimmedEndpointResolver)
+    assert type(resolver_of(plain)) is EndpointResolver
+
+    for service in LANCETX_SERVICES:
+        for region in REGIONS:
+            for endpoint_url in (None, "http://127.0.0.1:4566"):
+                expected = where_it_goes(plain, service, region, endpoint_url)
+                assert where_it_goes(trimmed, service, region, endpoint_url) == expected, (
+                    service,
+                    region,
+                    endpoint_url,
+                )
+    # Every answer came from the trimmed data: nothing lancetx uses is missing from it.
+    assert resolver_of(trimmed).trimmed
+    for region in REGIONS:
+        partition = resolver_of(plain).get_partition_for_region(region)
+        assert resolver_of(trimmed).get_partition_for_region(region) == partition
+        assert resolver_of(trimmed).get_partition_dns_suffix(partition) == (
+            resolver_of(plain).get_partition_dns_suffix(partition)
+        )
+    assert resolver_of(trimmed).trimmed
+
+
+def test_any_other_service_loads_the_whole_endpoint_data_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, "off")
+    plain = new_session()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    trimmed = new_session()
+    resolver = resolver_of(trimmed)
+    assert resolver.trimmed and "sqs" not in resolver._endpoint_data["partitions"][0]["services"]
+    assert resolver.get_available_endpoints("sqs") == plain.get_available_regions("sqs") != []
+    assert not resolver.trimmed  # the whole data was loaded to answer
+    assert trimmed.get_available_regions("ec2") == plain.get_available_regions("ec2")
+    for region in ("eu-west-1", "cn-north-1"):
+        assert where_it_goes(trimmed, "sqs", region, None) == where_it_goes(
+            plain, "sqs", region, None
+        )
+
+
+def test_a_trimmed_copy_is_kept_per_service_set_and_endpoints_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    session = new_session()
+    only_s3 = aws_model_cache.endpoint_resolver_factory(session, tmp_path, ["s3"])()
+    assert set(only_s3._endpoint_data["partitions"][0]["services"]) == {"s3"}
+    both = aws_model_cache.endpoint_resolver_factory(session, tmp_path, ["s3", "dynamodb"])()
+    assert set(both._endpoint_data["partitions"][0]["services"]) == {"s3", "dynamodb"}
+    again = aws_model_cache.endpoint_resolver_factory(session, tmp_path, ["s3"])()
+    assert set(again._endpoint_data["partitions"][0]["services"]) == {"s3"}
+
+
+def test_a_trimmed_copy_keeps_every_partitions_own_data() -> None:
+    data = botocore.loaders.JSONFileLoader().load_file(
+        str(Path(botocore.__file__).parent / "data" / "endpoints")
+    )
+    trimmed = aws_model_cache.trim_endpoints(data, ["s3"])
+    assert [p["partition"] for p in trimmed["partitions"]] == [
+        p["partition"] for p in data["partitions"]
+    ]
+    for before, after in zip(data["partitions"], trimmed["partitions"], strict=True):
+        assert {k: v for k, v in after.items() if k != "services"} == {
+            k: v for k, v in before.items() if k != "services"
+        }
+        assert after["services"] == {k: v for k, v in before["services"].items() if k == "s3"}

@@ -1,0 +1,153 @@
+"""The checks an ``s3+ddb://`` connection makes beside its first request
+(:mod:`lancetx.externalstore.table_checks`), counted on the server.
+
+The store's layout stamp and the table's moved record are read in one consistent
+BatchGetItem; an IAM policy without ``dynamodb:BatchGetItem`` falls back to two
+GetItems (warned once); the key layout is checked (DescribeTable) beside the first
+write, whose own outcome a check that merely could not be made never replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from protocol_helpers import ServerLog, batch, ddb_uri, ensure_ddb_table, pylance_create
+from test_dynamodb_store import Faults, ddb_error
+
+from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.storage.aws_clients import clear_client_cache
+from lancetx.externalstore import demo
+from lancetx.externalstore.connect import connect
+from lancetx.externalstore.dynamodb import clear_validation_cache
+from lancetx.externalstore.embedded import EmbeddedAws, InterceptedResponse
+from lancetx.externalstore.moved import TableMovedError, record_moved
+from lancetx.externalstore.store_schema import (
+    StoreSchemaTooNewError,
+    clear_stamp_cache,
+    write_stamp,
+)
+from lancetx.externalstore.table_checks import forget_denials
+
+pytestmark = pytest.mark.integration
+
+ROWS = 5
+
+
+def forget() -> None:
+    clear_client_cache()
+    clear_validation_cache()
+    clear_stamp_cache()
+    forget_denials()
+
+
+@pytest.fixture
+def table_uri(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> Iterator[tuple[str, dict[str, str]]]:
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "checks.lance", ddb_table_name)
+    pylance_create(uri, options, batch("setup", 0, ROWS))
+    forget()  # as in a fresh process
+    yield uri, options
+    legacy_aws.set_interceptor(None)
+    forget()
+
+
+def test_a_denied_batch_get_item_falls_back_to_two_get_items_and_warns_once(
+    legacy_aws: EmbeddedAws,
+    table_uri: tuple[str, dict[str, str]],
+    ddb_table_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    uri, options = table_uri
+    faults = Faults(legacy_aws, ddb_table_name)
+    faults.always("BatchGetItem", ddb_error("AccessDeniedException"))
+    with caplog.at_level(logging.WARNING):
+        conn = connect(uri, options)
+        assert load_parent(conn.handler, conn.base) is not None
+        # Denied BatchGetItem, then the stamp and the moved record one by one.
+        assert faults.seen == {"BatchGetItem": 1, "GetItem": 2, "Query": 1}
+        clear_stamp_cache()  # the stamp must be read again: not with BatchGetItem
+        again = connect(uri, options)
+        assert load_parent(again.handler, again.base) is not None
+        assert faults.seen == {"BatchGetItem": 1, "GetItem": 4, "Query": 2}
+    assert faults.seen["BatchGetItem"] == 1  # asked once per process
+    warnings = [r for r in caplog.records if "dynamodb:BatchGetItem" in r.getMessage()]
+    assert len(warnings) == 1 and "lancetx-sync iam-policy" in warnings[0].getMessage()
+
+
+def test_a_moved_table_is_refused_from_the_batch_read(
+    table_uri: tuple[str, dict[str, str]],
+) -> None:
+    uri, options = table_uri
+    conn = connect(uri, options)
+    record_moved(conn.handler.entries, conn.base, "s3://elsewhere/t.lance")  # type: ignore[attr-defined]
+    fresh = connect(uri, options)
+    with pytest.raises(TableMovedError, match=r"s3://elsewhere/t\.lance"):
+        load_parent(fresh.handler, fresh.base)
+
+
+def test_a_newer_stamp_is_refused_from_the_batch_read(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]], ddb_table_name: str
+) -> None:
+    uri, options = table_uri
+    conn = connect(uri, options)
+    write_stamp(conn.handler.entries.client, ddb_table_name, 99)  # type: ignore[attr-defined]
+    with ServerLog(legacy_aws) as log, pytest.raises(StoreSchemaTooNewError, match="layout 99"):
+        load_parent(conn.handler, conn.base)
+    assert "BatchGetItem" in log.operations()
+
+
+def test_keys_left_unprocessed_are_asked_for_again(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]], ddb_table_name: str
+) -> None:
+    uri, options = table_uri
+    conn = connect(uri, options)
+    write_stamp(conn.handler.entries.client, ddb_table_name, 99)  # type: ignore[attr-defined]
+    stamp_key = {"base_uri": {"S": "__lancetx_schema__"}, "version": {"N": "0"}}
+    unprocessed = {
+        "Responses": {ddb_table_name: []},
+        "UnprocessedKeys": {ddb_table_name: {"Keys": [stamp_key], "ConsistentRead": True}},
+    }
+    faults = Faults(legacy_aws, ddb_table_name)
+    faults.plan(
+        "BatchGetItem",
+        [
+            InterceptedResponse(
+                200,
+                json.dumps(unprocessed).encode(),
+                [("Content-Type", "application/x-amz-json-1.0")],
+            )
+        ],
+    )
+    with pytest.raises(StoreSchemaTooNewError):  # the stamp was read at the second ask
+        load_parent(conn.handler, conn.base)
+    assert faults.seen["BatchGetItem"] == 2
+
+
+def test_a_describe_table_that_cannot_be_made_does_not_fail_the_first_write(
+    legacy_aws: EmbeddedAws,
+    table_uri: tuple[str, dict[str, str]],
+    ddb_table_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    uri, options = table_uri
+    conn = connect(uri, options)
+    parent = load_parent(conn.handler, conn.base)
+    faults = Faults(legacy_aws, ddb_table_name)
+    faults.always("DescribeTable", ddb_error("InternalServerError", 500))
+    with caplog.at_level(logging.WARNING):
+        held = demo.lancetx_append(conn, batch("w", 0, ROWS), parent)  # landed: no error
+    assert held.version == 2
+    assert faults.seen["DescribeTable"] >= 1
+    assert any("will check again" in r.getMessage() for r in caplog.records)
+    legacy_aws.set_interceptor(None)
+    seen = faults.seen["DescribeTable"]
+    with ServerLog(legacy_aws) as log:
+        demo.lancetx_append(conn, batch("w", 1, ROWS), held)
+        assert log.operations().count("DescribeTable") == 1  # checked at the next write
+    assert faults.seen["DescribeTable"] == seen
