@@ -279,8 +279,21 @@ class Bench:
     ddb_table: str
     options: dict[str, str] = field(default_factory=dict)
 
-    def ddb_uri(self, name: str) -> str:
-        return f"s3+ddb://{self.bucket}/{name}.lance?ddbTableName={self.ddb_table}"
+    def ddb_uri(self, name: str, ddb_table: str | None = None) -> str:
+        return f"s3+ddb://{self.bucket}/{name}.lance?ddbTableName={ddb_table or self.ddb_table}"
+
+    def fresh_ddb_table(self) -> str:
+        """A new, empty manifest table on the same server.
+
+        moto answers a Query by scanning every item of the DynamoDB table (all
+        tables' entries, not just the queried ``base_uri``): on a shared table a
+        Query gets slower with every earlier scenario's history, which DynamoDB's
+        does not (it reads one partition key's items, in order). A table per
+        scenario keeps each scenario's Queries at the cost of its own history.
+        """
+        name = f"bench_manifests_{uuid.uuid4().hex[:10]}"
+        create_table(boto3.client("dynamodb", **self.aws.client_kwargs("dynamodb")), name)
+        return name
 
     def s3_uri(self, name: str) -> str:
         return f"s3://{self.bucket}/{name}.lance"

@@ -407,7 +407,8 @@ def run_one(
     rows: int,
     workload: str = "appends",
 ) -> Run:
-    uri = bench.ddb_uri(unique_name(f"{system}-{writers}w"))
+    # Its own DynamoDB table: see Bench.fresh_ddb_table (moto's Query scans them whole).
+    uri = bench.ddb_uri(unique_name(f"{system}-{writers}w"), bench.fresh_ddb_table())
     options = bench.options
     lance.write_dataset(batch("setup", 0, rows), uri, storage_options=options)
     run = Run(system, writers, appends, rows, workload=workload)

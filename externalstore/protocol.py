@@ -746,17 +746,24 @@ def list_versions_steps(
 ) -> Steps[list[ManifestLocation]]:
     """Committed versions after ``since``, ascending, from the external store (one Query).
 
-    Versions without an entry (pre-onboarding history) come from the listing,
+    Versions without an entry (pre-onboarding history) come from the listing
+    (never when ``since`` has an entry: every later version has one),
     and those a stale listing misses from a HEAD of their name (reads of one
     key are consistent where listings are not); a deleted one stays a gap for
     the caller to see. Nothing is listed when the entries leave no gap.
     """
-    entries: list[ManifestEntry] = yield ListEntries(table.base_uri, since)
-    found = [location_of(table, e) for e in entries]
+    # From the entry of ``since`` itself: when it has one, every later version
+    # has one too (a table's entry-less history is older than its first
+    # entry), and "nothing newer" needs no listing of the object store.
+    entries: list[ManifestEntry] = yield ListEntries(table.base_uri, max(since - 1, 0))
+    anchored = since > 0 and any(e.version == since for e in entries)
+    found = [location_of(table, e) for e in entries if e.version > since]
     have = {loc.version for loc in found}
     top = found[-1].version if found else None
     if top is not None and len(have) >= top - since:
         return found
+    if top is None and anchored:
+        return []
     prefix = versions_prefix(table.base_key)
     listed: list[ObjectMeta] = yield ListObjects(prefix)
     older = [

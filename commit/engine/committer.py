@@ -450,6 +450,7 @@ def _wait_for_turn(
     looks = 0
     watching = False  # next in line, looking again within its predecessor's turn
     checked = last_change  # when we last read the queue item
+    seen: list[ManifestLocation] = []  # the versions after ``since`` listed so far
     while turn.ticket - turn.served - 1 > 0:
         ahead_now = turn.ticket - turn.served - 1
         into_turn = time.time() - turn.served_at if turn.served_at else None
@@ -461,10 +462,15 @@ def _wait_for_turn(
         looks += 1
         standing = now - last_change
         served_at_before = turn.served_at
-        listed: list[ManifestLocation] = yield ListVersions(base, since)
+        # Only what is new since the last look: a far-back waiter would
+        # otherwise fetch every claim of the wait again at each look.
+        listed: list[ManifestLocation] = yield ListVersions(
+            base, seen[-1].version if seen else since
+        )
+        seen.extend(listed)
         moved = _served_by_claims(turn, listed, contended)
         if moved and turn.ticket - turn.served - 1 <= 0:
-            newer = yield from _load_listed(names, base, since, listed, ours=ours)
+            newer = yield from _load_listed(names, base, since, seen, ours=ours)
         elif not moved and min(standing, now - checked) > contention.queue_check_after(contended):
             # Standing still: did the holder end its turn without a claim? It
             # serves its ticket in the queue item then, where claims cannot show it.

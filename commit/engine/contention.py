@@ -299,8 +299,6 @@ FAR_SLACK = 0.4
 #: While the current turn is overdue, a far-back waiter waits this share of the
 #: time it is overdue before looking again.
 OVERDUE_SHARE = 0.5
-#: A far-back wait counts a turn at most this many times its work.
-FAR_TURN_CAP = 2.5
 
 
 def far_turn(contended: TableContention) -> float:
@@ -310,19 +308,15 @@ def far_turn(contended: TableContention) -> float:
     a holder overslept its start are longer, and waiters sleeping by their mean
     would oversleep too, which lengthens the next turns — the queue would slow
     itself down. Before any claim was timed, a turn's work."""
-    work = turn_work(contended)
-    typical = contended.typical_turn()
-    if not typical:
-        return work
-    return max(work, min(typical, FAR_TURN_CAP * work))
+    return contended.typical_turn() or turn_work(contended)
 
 
 def turn_work(contended: TableContention) -> float:
     """A turn's work as measured; the smaller of our own turns' work and the
-    observed time between turns when both are known, so that one slow turn
-    (a busy machine, a slow request) does not make every waiter oversleep."""
+    time between turns when both are known, so that one slow turn of ours (a
+    busy machine, a slow request) does not make us oversleep every turn after."""
     work = contended.turn_work
-    observed = contended.turn_interval
+    observed = contended.typical_turn() or contended.turn_interval
     if work and observed:
         return min(work, observed)
     # Not the slot of a lost attempt: attempts that collide are slow, and a

@@ -19,7 +19,7 @@ import email.utils
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -206,8 +206,8 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool) -> list[Check]:
         )[0]
     )
     if not probe_writes:
-        checks.append(Check("dynamodb:PutItem", SKIPPED, "write probe skipped (--dry-run)"))
-        checks.append(Check("dynamodb:DeleteItem", SKIPPED, "write probe skipped (--dry-run)"))
+        for action in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+            checks.append(Check(action, SKIPPED, "write probe skipped (--dry-run)"))
         return checks
     item = {**probe_key, "path": {"S": "probe"}, "committer": {"S": "lancetx-sync doctor"}}
     checks.append(
@@ -221,6 +221,26 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool) -> list[Check]:
             resource,
         )[0]
     )
+    # Writers under contention take turns in the table's commit queue (an
+    # UpdateItem adding to a counter); without it they back off at random.
+    queue_check = _probe(
+        "dynamodb:UpdateItem",
+        lambda: client.update_item(
+            TableName=name,
+            Key=probe_key,
+            UpdateExpression="ADD #probe :one",
+            ExpressionAttributeNames={"#probe": "doctor_probe"},
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        ),
+        resource,
+    )[0]
+    if queue_check.status == DENIED:
+        queue_check = replace(
+            queue_check,
+            detail=queue_check.detail + "; writers under contention cannot take turns in the "
+            "table's commit queue and back off at random instead",
+        )
+    checks.append(queue_check)
     checks.append(
         _probe(
             "dynamodb:DeleteItem",

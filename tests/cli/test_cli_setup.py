@@ -117,7 +117,7 @@ def test_doctor_reports_each_permission_and_whether_the_bucket_honours_if_none_m
     assert checks["dynamodb:DeleteItem"] == "denied"
     for ok in (
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query",
-        "dynamodb:PutItem",
+        "dynamodb:PutItem", "dynamodb:UpdateItem",
     ):  # fmt: skip
         assert checks[ok] == "ok", ok
     for ok in ("s3:ListBucket", "s3:PutObject", "s3:GetObject", "s3:DeleteObject", "key-schema"):
@@ -150,6 +150,26 @@ def test_doctor_reports_a_policy_without_batch_get_item(
     assert ddb_table_name in check["detail"] and "iam-policy" in check["fix"]
     checks = {c["name"]: c["status"] for c in found.json["checks"]}
     assert checks["dynamodb:GetItem"] == checks["dynamodb:Query"] == "ok"
+
+
+def test_doctor_reports_a_writer_policy_without_the_commit_queues_update_item(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """Writers under contention take turns through UpdateItem: doctor probes it
+    (a write probe, on the probe item it removes) and says what is lost without it."""
+    table = make_table(aws, bucket, ddb_table_name, versions=1)
+    aws.set_interceptor(access_denied("UpdateItem"))
+    found = run_cli(aws, "doctor", table.uri, "--json")
+    aws.set_interceptor(None)
+    assert found.code == 1, found.stdout + found.stderr
+    (check,) = [c for c in found.json["checks"] if c["name"] == "dynamodb:UpdateItem"]
+    assert check["status"] == "denied"
+    assert "commit queue" in check["detail"] and "iam-policy" in check["fix"]
+    skipped = run_cli(aws, "doctor", table.uri, "--dry-run", "--json")
+    (check,) = [c for c in skipped.json["checks"] if c["name"] == "dynamodb:UpdateItem"]
+    assert check["status"] == "skipped"
+    leftovers = boto3.client("dynamodb", **aws.client_kwargs()).scan(TableName=ddb_table_name)
+    assert not [i for i in leftovers["Items"] if "doctor_probe" in i]  # the probe item is gone
 
 
 def test_doctor_finds_another_buckets_table_sharing_the_path_and_dynamodb_table(
@@ -187,7 +207,8 @@ def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
 
     doctor_probes = {
         "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query",
-        "dynamodb:PutItem", "dynamodb:DeleteItem", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+        "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "s3:GetObject", "s3:PutObject",
+        "s3:DeleteObject", "s3:ListBucket",
     }  # fmt: skip
     assert doctor_probes <= actions(out.json["cli"])
     assert "dynamodb:UpdateItem" in actions(out.json["writer"])  # the commit queue

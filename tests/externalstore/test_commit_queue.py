@@ -202,6 +202,7 @@ def test_a_waiter_learns_its_turn_from_the_claim_before_it(
             )
         )
     )
+    s3_log = RequestLog().attach(queued.handler.store.client, "s3")  # type: ignore[attr-defined]
     writer.start()
     deadline = time.monotonic() + 10
     while reading(base).issued < 1 and time.monotonic() < deadline:
@@ -216,6 +217,9 @@ def test_a_waiter_learns_its_turn_from_the_claim_before_it(
     assert ours.attempts == 1  # it waited for its turn instead of losing a round
     assert waited < 10  # learnt from the first claim, not from the stall limit
     assert read_queue == []  # it never read the queue item
+    # Its looks that found nothing new did not make the handler list the
+    # object store (for history recorded nowhere else).
+    assert "ListObjectsV2" not in s3_log.operations()
     turns = reading(base)
     assert (turns.issued, turns.served) == (2, 0)  # nobody served in the queue item
     tickets = [e.summary.ticket for e in entries.list_entries(base, 1) if e.summary]

@@ -497,3 +497,16 @@ def test_pylance_opened_from_a_committed_manifest_is_pylance_reading_the_file(
     assert serialized_for_pylance(held.manifest) == from_file._ds.serialized_manifest()
     names = [i.name for i in table.dataset.describe_indices()]
     assert names and names == [i.name for i in from_file.describe_indices()]
+
+
+def test_nothing_newer_than_a_version_with_an_entry_is_one_query(counted: Counted) -> None:
+    # "Anything after v?" is asked by every look of a queued writer and before
+    # a contended commit stages: when v has an entry, every later version has one
+    # too, so an empty answer needs no listing of the object store.
+    latest = counted.handler.resolve_latest(counted.conn.base)
+    assert latest is not None
+    counted.log.clear()
+    assert counted.handler.list_versions(counted.conn.base, latest.version) == []
+    assert counted.ops() == ["Query"]
+    # A table whose history predates its entries still finds that history by listing.
+    assert [v.version for v in counted.handler.list_versions(counted.conn.base, 0)] == [1]
