@@ -1123,6 +1123,11 @@ class DynamoDBManifestStore(ExternalManifestStore):
             # A table of another key layout rejects our keys; say so plainly instead.
             self._explain_rejection(exc)
             raise
+        except TableNotFoundError as exc:
+            # Some DynamoDB implementations (dynalite) answer a BatchGetItem whose keys
+            # do not fit the table's layout with "resource not found": ask the table.
+            self._explain_rejection(exc)
+            raise
 
     def _write(self, plan: Plan[T]) -> T:
         check = self._write_check
@@ -1148,15 +1153,18 @@ class DynamoDBManifestStore(ExternalManifestStore):
                     exc,
                 )
 
-    def _explain_rejection(self, exc: InvalidRequestError) -> None:
+    def _explain_rejection(self, exc: InvalidRequestError | TableNotFoundError) -> None:
         """Raise TableSchemaError (from ``exc``) when the table's layout is the reason
-        DynamoDB rejected a request; return when the layout is fine."""
+        DynamoDB rejected a request; return when the layout is fine (or the table is
+        indeed missing): the caller raises ``exc`` then."""
         if cached_validation(self._ctx.target) is not None:
             return
         try:
             info = run_plan(self.client, validate_plan(self._ctx), self._sleep)
         except TableSchemaError as schema:
             raise schema from exc
+        except TableNotFoundError:
+            return
         remember_validation(self._ctx.target, info)
 
     def check_stamp(self) -> int | None:

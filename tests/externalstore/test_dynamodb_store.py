@@ -279,6 +279,39 @@ def test_a_connection_to_a_table_of_another_layout_fails_at_its_first_use(
         load_parent(conn.handler, conn.base)
 
 
+def test_a_batch_read_answered_resource_not_found_on_a_table_of_another_layout_is_a_schema_error(
+    aws: EmbeddedAws, config: DynamoDBConfig, ddb_table_name: str
+) -> None:
+    """dynalite answers a BatchGetItem whose keys do not fit the table with "resource
+    not found" (DynamoDB says ValidationException): the table is asked, and a table
+    that exists with another layout is reported as such, not as missing."""
+    make_table(make_client(config), ddb_table_name, [("id", "HASH", "S")])
+    clear_validation_cache()
+    clear_stamp_cache()
+
+    def like_dynalite(request: InterceptedRequest) -> InterceptedResponse | None:
+        if request.service != "dynamodb" or request.target != "BatchGetItem":
+            return None
+        body = {
+            "__type": "com.amazonaws.dynamodb.v20120810#ResourceNotFoundException",
+            "message": "Requested resource not found",
+        }
+        return InterceptedResponse(
+            400, json.dumps(body).encode(), [("Content-Type", "application/x-amz-json-1.0")]
+        )
+
+    aws.set_interceptor(like_dynalite)
+    try:
+        conn = connect(
+            f"s3+ddb://some-bucket/t.lance?ddbTableName={ddb_table_name}",
+            aws.pylance_storage_options(),
+        )
+        with pytest.raises(TableSchemaError, match="HASH id"):
+            load_parent(conn.handler, conn.base)
+    finally:
+        aws.set_interceptor(None)
+
+
 def test_unreachable_endpoint(ddb_table_name: str) -> None:
     config = DynamoDBConfig(
         endpoint_url="http://127.0.0.1:1",
