@@ -62,10 +62,12 @@ class CommitStateUnknownError(CommitError):
 
 @dataclass(frozen=True)
 class Turns:
-    """A table's commit queue as last seen: how many tickets were handed out
-    (``issued``, the newest ticket) and the highest ticket whose holder's commit
-    has ended (``served``). The holder of ticket ``t`` is next when
-    ``served >= t - 1``. See :mod:`lancetx.commit.engine.contention`."""
+    """A table's commit queue item as last read: how many tickets were handed out
+    (``issued``, the newest ticket) and the highest ticket served there
+    (``served``: by a holder whose turn ended without a claim; a claim serves
+    its ticket in its own entry instead, see :class:`TransactionSummary`). The
+    holder of ticket ``t`` is next when every ticket up to ``t - 1`` was served.
+    See :mod:`lancetx.commit.engine.contention`."""
 
     issued: int
     served: int
@@ -85,7 +87,8 @@ class CommitHandler(abc.ABC):
     """
 
     store: ObjectStore
-    #: Whether :meth:`commit` serves the ``ticket`` it is given (once the claim is won).
+    #: Whether :meth:`commit` serves the ``ticket`` it is given (with the claim,
+    #: once it is won); the engine serves it after the claim otherwise.
     serves_ticket_on_claim: bool = False
 
     @abc.abstractmethod
