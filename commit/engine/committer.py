@@ -796,10 +796,10 @@ def _attempts(
                 continue
             pending = newer
             current = _newest_parent(newer)
-            if attempt == 1 and not expected_contention:
-                # Nothing suggested contention: our parent was most likely just
-                # stale (the versions were there before we started). The winners
-                # are known now, so retry at once; back off from the next loss on.
+            if stale_parent:
+                # Nothing suggested contention: our parent was just stale (the
+                # winners claimed before we began). They are known now, so retry
+                # at once; back off from the next loss on.
                 yield Sleep(0.0)
                 continue
             losses += 1

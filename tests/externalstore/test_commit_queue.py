@@ -36,7 +36,7 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine import committer, contention
-from lancetx.commit.engine.committer import CommitOptions, Committed, load_parent
+from lancetx.commit.engine.committer import CommitOptions, Committed, Parent, load_parent
 from lancetx.commit.engine.events import CommitEvent
 from lancetx.commit.handlers.interface import Turns
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
@@ -67,14 +67,20 @@ class Queued:
         assert isinstance(entries, DynamoDBManifestStore)
         return entries
 
-    def append(self, seq: int, options: CommitOptions | None = None) -> Committed:
+    def append(
+        self,
+        seq: int,
+        options: CommitOptions | None = None,
+        *,
+        parent: Parent | Committed | None = None,
+    ) -> Committed:
         return lancetx_append(
             self.handler,
             self.conn.base,
             self.conn.data_uri,
             self.options,
             batch("queued", seq, ROWS),
-            None,
+            parent,
             options,
         )
 
@@ -275,24 +281,10 @@ def test_writers_stop_taking_turns_while_pylance_commits_to_the_table(queued: Qu
     contended(queued)
     first = queued.append(0)
     pylance_append(queued.conn.uri, queued.options, batch("pylance", 0, ROWS))
-    second = lancetx_append(
-        queued.handler,
-        queued.conn.base,
-        queued.conn.data_uri,
-        queued.options,
-        batch("queued", 1, ROWS),
-        first,  # stale: the look before staging lists pylance's version
-    )
+    second = queued.append(1, parent=first)  # stale: the look before staging lists pylance's
     assert second.version == first.version + 2
     queued.log.clear()
-    third = lancetx_append(
-        queued.handler,
-        queued.conn.base,
-        queued.conn.data_uri,
-        queued.options,
-        batch("queued", 2, ROWS),
-        second,
-    )
+    third = queued.append(2, parent=second)
     assert third.version == second.version + 1
     assert "UpdateItem" not in queued.log.operations()  # no ticket while pylance writes here
 
@@ -316,13 +308,9 @@ def test_a_failure_serving_the_ticket_never_leaves_a_won_claim_unfinished(
     assert queued.handler.last_outcome is not None and queued.handler.last_outcome.finalized
 
 
-def test_a_round_lost_to_a_claim_made_while_we_tried_joins_the_queue(
-    queued: Queued, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Lost to a winner that claimed while we tried: contention, so it queues at
-    # once. (A parent that was stale before we began is retried at once instead:
-    # test_request_budget's lost-race tests.) Retrying at once under contention
-    # would stage, claim and lose again.
+def race_once(queued: Queued, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make another writer claim the next version while our first claim is under
+    way (after our attempt began); returns the version it took, once it did."""
     other = connect(queued.conn.uri, queued.options)
     claim = queued.handler.commit
     raced: list[int] = []
@@ -336,17 +324,46 @@ def test_a_round_lost_to_a_claim_made_while_we_tried_joins_the_queue(
         return claim(*args, **kwargs)
 
     monkeypatch.setattr(queued.handler, "commit", raced_by_another_writer)
+    return raced
+
+
+def test_a_round_lost_to_a_claim_made_while_we_tried_joins_the_queue(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lost to a winner that claimed while we tried: contention, so it queues at
+    # once. (A parent that was stale before we began is retried at once instead:
+    # test_request_budget's lost-race tests.) Retrying at once under contention
+    # would stage, claim and lose again.
+    raced = race_once(queued, monkeypatch)
     parent = load_parent(queued.handler, queued.conn.base)
     queued.log.clear()
-    ours = lancetx_append(
-        queued.handler,
-        queued.conn.base,
-        queued.conn.data_uri,
-        queued.options,
-        batch("queued", 0, ROWS),
-        parent,
-    )
+    ours = queued.append(0, parent=parent)
     assert raced == [2] and ours.version == 3 and ours.attempts == 2
     assert "UpdateItem" in queued.log.operations()  # took a ticket after the lost round
     entry = queued.entries.get(queued.conn.base, 3)
     assert entry.summary is not None and entry.summary.ticket is not None
+
+
+def test_without_a_queue_a_round_lost_to_a_claim_made_while_we_tried_backs_off(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No queue to join (here: UpdateItem denied): contention still means a random
+    # wait before the next attempt, not the immediate retry a stale parent gets.
+    def denied(base_uri: str) -> Turns:
+        raise AccessDeniedError(
+            "dynamodb:UpdateItem", "arn:aws:dynamodb:::table/t", "AccessDeniedException", "no"
+        )
+
+    monkeypatch.setattr(queued.entries, "take_ticket", denied)
+    backoffs: list[int] = []
+    delay = contention.delay
+
+    def recorded(policy: Any, losses: int, slot: float, rng: Any = None) -> float:
+        backoffs.append(losses)
+        return delay(policy, losses, slot, rng)
+
+    monkeypatch.setattr(contention, "delay", recorded)
+    raced = race_once(queued, monkeypatch)
+    ours = queued.append(0, parent=load_parent(queued.handler, queued.conn.base))
+    assert raced == [2] and ours.version == 3 and ours.attempts == 2
+    assert backoffs == [1]  # backed off once, after the lost round
