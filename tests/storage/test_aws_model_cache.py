@@ -159,14 +159,20 @@ def resolver_of(session: Any) -> Any:
     return session._get_internal_component("endpoint_resolver")
 
 
-def test_clients_resolve_the_same_endpoints_from_the_trimmed_data(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def plain_and_trimmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """A session with the cache off, and one reading the trimmed copy (written by a
+    session before it, as the next process would find it)."""
     monkeypatch.setenv(CACHE_ENV, "off")
     plain = new_session()
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     new_session()  # writes the trimmed copy
-    trimmed = new_session()  # reads it, as the next process would
+    return plain, new_session()
+
+
+def test_clients_resolve_the_same_endpoints_from_the_trimmed_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain, trimmed = plain_and_trimmed(tmp_path, monkeypatch)
     assert isinstance(resolver_of(trimmed), TrimmedEndpointResolver)
     assert type(resolver_of(plain)) is EndpointResolver
 
@@ -193,10 +199,7 @@ def test_clients_resolve_the_same_endpoints_from_the_trimmed_data(
 def test_any_other_service_loads_the_whole_endpoint_data_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(CACHE_ENV, "off")
-    plain = new_session()
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    trimmed = new_session()
+    plain, trimmed = plain_and_trimmed(tmp_path, monkeypatch)
     resolver = resolver_of(trimmed)
     assert resolver.trimmed and "sqs" not in resolver._endpoint_data["partitions"][0]["services"]
     assert resolver.get_available_endpoints("sqs") == plain.get_available_regions("sqs") != []
