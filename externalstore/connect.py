@@ -26,7 +26,10 @@ from lancetx.commit.storage.s3store import S3ObjectStore, parse_bool_option
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.errors import TableNotFoundError, TableSchemaError
+from lancetx.externalstore.moved import TableMovedError
 from lancetx.externalstore.preflight import Preflight
+from lancetx.externalstore.store_schema import StoreSchemaTooNewError
 from lancetx.externalstore.table_checks import check_stamp_and_moved
 from lancetx.externalstore.uri import parse_ddb_uri
 
@@ -86,7 +89,19 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
             validate_on_write=True,
         )
         handler: CommitHandler = ExternalStoreCommitHandler(
-            store, entries, preflight=Preflight(_table_checks(entries, parsed.base_key))
+            store,
+            entries,
+            preflight=Preflight(
+                _table_checks(entries, parsed.base_key),
+                # Beside a claim, a check that could not be made is retried at the
+                # next use: the claim may have landed, and must not be reported lost.
+                write_verdicts=(
+                    TableNotFoundError,
+                    TableSchemaError,
+                    StoreSchemaTooNewError,
+                    TableMovedError,
+                ),
+            ),
         )
         return TableConnection(uri, handler, parsed.base_key, parsed.s3_uri, options)
     store, base = open_object_store(uri, options)

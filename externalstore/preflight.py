@@ -44,9 +44,11 @@ class Preflight:
         checks: Sequence[Callable[[], object]],
         *,
         verdicts: tuple[type[BaseException], ...] = (BaseException,),
+        write_verdicts: tuple[type[BaseException], ...] | None = None,
     ) -> None:
         self._checks = tuple(checks)
         self._verdicts = verdicts
+        self._write_verdicts = verdicts if write_verdicts is None else write_verdicts
         self._lock = threading.Lock()
         self._passed = False
         self._pending: list[Future[None]] | None = None
@@ -56,10 +58,11 @@ class Preflight:
         """Whether the checks have passed (nothing left to run)."""
         return self._passed
 
-    def beside(self, action: Callable[[], T]) -> T:
+    def beside(self, action: Callable[[], T], *, write: bool = False) -> T:
         """``action()``, with the checks running beside it until they have passed once.
 
-        Raises a check's error, if one fails, in place of the action's result or error.
+        Raises a check's error, if one fails, in place of the action's result or error;
+        for a ``write`` (it may have landed), only a ``write_verdicts`` error does.
         """
         if self._passed:
             return action()
@@ -69,15 +72,18 @@ class Preflight:
                 pending = self._pending = [_start(check) for check in self._checks]
         if pending is None:
             return action()
+        verdicts = self._write_verdicts if write else self._verdicts
         try:
             result = action()
         except BaseException:
-            self._settle(pending)
+            self._settle(pending, verdicts)
             raise
-        self._settle(pending)
+        self._settle(pending, verdicts)
         return result
 
-    def _settle(self, pending: list[Future[None]]) -> None:
+    def _settle(
+        self, pending: list[Future[None]], verdicts: tuple[type[BaseException], ...]
+    ) -> None:
         errors = [f.exception() for f in pending]  # waits for every check
         failed = next((e for e in errors if e is not None), None)
         with self._lock:
@@ -86,7 +92,7 @@ class Preflight:
                 self._pending = None
             elif self._pending is pending:
                 self._pending = None  # not passed: check again at the next use
-        verdict = next((e for e in errors if isinstance(e, self._verdicts)), None)
+        verdict = next((e for e in errors if isinstance(e, verdicts)), None)
         if verdict is not None:
             raise verdict
         if failed is not None:

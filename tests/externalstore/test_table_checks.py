@@ -151,3 +151,31 @@ def test_a_describe_table_that_cannot_be_made_does_not_fail_the_first_write(
         demo.lancetx_append(conn, batch("w", 1, ROWS), held)
         assert log.operations().count("DescribeTable") == 1  # checked at the next write
     assert faults.seen["DescribeTable"] == seen
+
+
+def test_a_claim_that_landed_is_not_reported_failed_because_its_check_could_not_be_made(
+    legacy_aws: EmbeddedAws,
+    table_uri: tuple[str, dict[str, str]],
+    ddb_table_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A fresh connection whose first use is a claim (its parent came from elsewhere):
+    # the moved-record check beside it cannot be made (500s). The claim landed, so
+    # the commit must come back as committed — reporting it failed would make the
+    # caller clean up its transaction file and commit the same rows again.
+    uri, options = table_uri
+    parent = load_parent(connect(uri, options).handler, connect(uri, options).base)
+    fresh = connect(uri, options)
+    faults = Faults(legacy_aws, ddb_table_name)
+    faults.always("GetItem", ddb_error("InternalServerError", 500))
+    faults.always("BatchGetItem", ddb_error("InternalServerError", 500))
+    with caplog.at_level(logging.WARNING):
+        held = demo.lancetx_append(fresh, batch("w", 0, ROWS), parent)
+    assert held.version == 2
+    assert faults.seen["GetItem"] + faults.seen["BatchGetItem"] >= 1  # it did try
+    assert any("will check again" in r.getMessage() for r in caplog.records)
+    legacy_aws.set_interceptor(None)
+    with ServerLog(legacy_aws) as log:
+        assert load_parent(fresh.handler, fresh.base).version == 2  # type: ignore[union-attr]
+        ops = log.operations()
+    assert "GetItem" in ops or "BatchGetItem" in ops  # checked again at the next use
