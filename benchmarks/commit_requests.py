@@ -438,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=5, help="runs per scenario (default 5)")
     parser.add_argument(
-        "--cold-repeats", type=int, default=2, help="fresh-process opens per system (default 2)"
+        "--cold-repeats", type=int, default=9, help="fresh-process opens per system (default 9)"
     )
     parser.add_argument(
         "--systems",

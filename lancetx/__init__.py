@@ -15,14 +15,13 @@ importable on their own: ``lancetx.commit`` (format, storage, handlers, engine) 
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from lancetx.commit.errors import (
     DatasetNotFoundError,
     ExpectedVersionMismatchError,
     LancetxError,
     VersionNotFoundError,
 )
+from lancetx.commit.package_version import installed_version
 from lancetx.committing import CommitResult
 from lancetx.errors import (
     ForeignFragmentError,
@@ -41,10 +40,7 @@ from lancetx.multi_table import commit_many
 from lancetx.table import MergeInsertBuilder, Table, commit_fragments, connect, open, write_table
 from lancetx.writer import TableWriter
 
-try:
-    __version__: str = version("lancetx")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__: str = installed_version()  # "0.0.0+unknown" in a source tree never installed
 
 __all__ = [
     "CommitResult",

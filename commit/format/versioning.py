@@ -14,9 +14,8 @@ honestly: ``library="lancetx"`` and the installed package's version.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from importlib import metadata
 
+from lancetx.commit.package_version import NOT_INSTALLED, installed_version
 from lancetx.protos import table_pb2
 
 #: The ``library`` lancetx writes into ``Manifest.writer_version``.
@@ -25,13 +24,10 @@ LIBRARY_NAME = "lancetx"
 _VERSION_RE = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.\d+)*(.*)$")
 
 
-@lru_cache(maxsize=1)
 def library_version() -> str:
     """The installed lancetx distribution's version (``0.0.0`` when not installed)."""
-    try:
-        return metadata.version("lancetx")
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
+    found = installed_version()
+    return "0.0.0" if found == NOT_INSTALLED else found
 
 
 def split_version(full: str) -> tuple[str, str | None, str | None]:

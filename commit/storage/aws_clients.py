@@ -29,32 +29,50 @@ from botocore.exceptions import InvalidRegionError
 from botocore.utils import validate_region_name
 
 from lancetx.commit.errors import StorageOptionError
-from lancetx.commit.storage import aws_model_cache
+from lancetx.commit.package_version import NOT_INSTALLED, installed_version
+from lancetx.commit.storage import aws_handlers, aws_model_cache
 
 _lock = threading.Lock()
-_sessions: dict[str | None, botocore.session.Session] = {}
+_sessions: dict[tuple[str | None, bool], botocore.session.Session] = {}
 _clients: dict[tuple[str, str | None, str, str], Any] = {}
 
 
-def shared_session(profile: str | None = None) -> botocore.session.Session:
+def shared_session(profile: str | None = None, *, lean: bool = True) -> botocore.session.Session:
     """The process-wide botocore session for ``profile`` (created on first use).
 
     A botocore session rather than boto3's: boto3 adds its S3 transfer methods
     (``upload_file``…) to every S3 client, which imports ``s3transfer`` and
     ``multiprocessing`` (~20 ms in a fresh process) for methods lancetx never calls.
     The clients are the same botocore clients; their User-Agent names lancetx.
+
+    The ``lean`` session builds lancetx's own clients (and its credential providers'):
+    with the model cache on, from trimmed service models and with only the built-in
+    event handlers that can fire for them (see :mod:`.aws_service_models` and
+    :mod:`.aws_handlers`), so it must only build clients of
+    :data:`.aws_handlers.SESSION_SERVICES` (:func:`make_client` sees to it). The
+    other session is botocore's own, for any other service.
     """
     with _lock:
-        session = _sessions.get(profile)
+        session = _sessions.get((profile, lean))
         if session is None:
-            session = botocore.session.Session(profile=profile)
-            session.user_agent_name = "lancetx"
-            session.user_agent_version = _version()
-            # Service data from the on-disk copy (see :mod:`.aws_model_cache`): the
-            # first client of a process is most of a fresh process's table open.
-            aws_model_cache.install(session)
-            _sessions[profile] = session
+            session = _sessions[(profile, lean)] = new_session(profile, lean=lean)
         return session
+
+
+def new_session(profile: str | None = None, *, lean: bool = True) -> botocore.session.Session:
+    """A new session set up as :func:`shared_session`'s (which shares one per process)."""
+    if lean and aws_handlers.list_understood():
+        session = botocore.session.Session(profile=profile, include_builtin_handlers=False)
+        # Service data from the on-disk copy (see :mod:`.aws_model_cache`): the first
+        # client of a process is most of a fresh process's table open.
+        aws_handlers.register(session, trimmed=aws_model_cache.install(session))
+    else:
+        session = botocore.session.Session(profile=profile)
+        if lean:
+            aws_model_cache.install(session)
+    session.user_agent_name = "lancetx"
+    session.user_agent_version = _version()
+    return session
 
 
 def session_region(profile: str | None = None) -> str | None:
@@ -64,12 +82,8 @@ def session_region(profile: str | None = None) -> str | None:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("lancetx")
-    except Exception:  # not installed as a distribution (a source checkout)
-        return "0"
+    found = installed_version()
+    return "0" if found == NOT_INSTALLED else found
 
 
 def _config_key(value: Any) -> Any:
@@ -107,7 +121,7 @@ def make_client(
         client = _clients.get(key)
     if client is not None:
         return client
-    session = shared_session(profile)
+    session = shared_session(profile, lean=service in aws_handlers.SESSION_SERVICES)
     with _lock:
         client = _clients.get(key)
         if client is not None:

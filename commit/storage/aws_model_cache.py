@@ -7,15 +7,19 @@ table in ~25 ms, so in a fresh process (a Spark worker, a CLI run) that parse wa
 larger part of opening a table. :class:`CachingFileLoader` serves the same data from
 a ``marshal`` copy (the format of ``.pyc`` files) written the first time a file is
 read, which loads 3-4x faster, and answers botocore's listing of every service
-directory (which it makes to check a service name) from a copy too; everything else
-botocore does is unchanged.
+directory (which it makes to check a service name) from a copy too. Service models
+are kept as lancetx's clients use them (only the operations lancetx calls, no
+documentation: see :mod:`.aws_service_models`); everything else botocore does is
+unchanged.
 
 A copy is keyed by the source file's path, size and modification time, Python's
-version and the marshal format, so an upgraded botocore or another interpreter never
-reads a stale copy. Copies are written atomically (a concurrent reader sees a whole
+version, the marshal format and what the service models keep, so an upgraded
+botocore, another interpreter or another list of operations never reads a stale
+copy. Copies are written atomically (a concurrent reader sees a whole
 copy or none) and only ever by the user that runs lancetx, under
 ``$XDG_CACHE_HOME/lancetx/botocore`` (default ``~/.cache/lancetx/botocore``) or
-``$LANCETX_AWS_MODEL_CACHE``; setting that variable to ``off`` turns the cache off.
+``$LANCETX_AWS_MODEL_CACHE``; setting that variable to ``off`` turns the cache off
+(and with it the trimming: clients then have botocore's whole models).
 When the directory cannot be written the loader simply parses the JSON, as botocore
 does. Dicts come back as plain ``dict`` (ordered, like the ``OrderedDict`` botocore
 builds).
@@ -46,6 +50,13 @@ import botocore
 from botocore.loaders import JSONFileLoader
 from botocore.regions import EndpointResolver
 
+from lancetx.commit.storage.aws_service_models import (
+    CLIENT_OPERATIONS,
+    explain_missing_operation,
+    trim_digest,
+    trim_service_model,
+)
+
 log = logging.getLogger(__name__)
 
 #: Environment variable: the cache directory, or ``off``.
@@ -73,7 +84,11 @@ def _plain(value: Any) -> Any:
 
 
 class CachingFileLoader(JSONFileLoader):  # type: ignore[misc]
-    """botocore's JSON file loader, reading each file through a marshal copy."""
+    """botocore's JSON file loader, reading each file through a marshal copy.
+
+    Service models (``service-2``) come as lancetx's clients use them (see
+    :mod:`.aws_service_models`), whether read from a copy or parsed.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -83,7 +98,10 @@ class CachingFileLoader(JSONFileLoader):  # type: ignore[misc]
             stat = os.stat(source)
         except OSError:
             return None
-        key = f"{source}\0{stat.st_size}\0{stat.st_mtime_ns}\0{sys.version}\0{marshal.version}"
+        key = (
+            f"{source}\0{stat.st_size}\0{stat.st_mtime_ns}\0{sys.version}\0{marshal.version}"
+            f"\0{trim_digest()}"
+        )
         return self.directory / (hashlib.sha256(key.encode()).hexdigest() + ".marshal")
 
     def load_file(self, file_path: str) -> Any:
@@ -96,9 +114,17 @@ class CachingFileLoader(JSONFileLoader):  # type: ignore[misc]
             except (OSError, EOFError, ValueError, TypeError):
                 pass  # no copy yet (or an unreadable one): parse the JSON and write one
         data = super().load_file(file_path)
+        path = Path(file_path)
+        if isinstance(data, dict) and path.name == _SERVICE_MODEL:
+            # botocore's layout: <data path>/<service>/<API version>/service-2
+            data = trim_service_model(path.parent.parent.name, _plain(data))
         if copy is not None and data is not None:
             _write(copy, data)
         return data
+
+
+#: botocore's name of a service model file.
+_SERVICE_MODEL = "service-2"
 
 
 def _write(copy: Path, data: Any) -> None:
@@ -297,26 +323,36 @@ def _as_dict(data: Any) -> dict[str, Any]:
     return data
 
 
-def install(botocore_session: Any) -> None:
+def install(botocore_session: Any) -> bool:
     """Serve ``botocore_session``'s data files (and its list of services) through the
-    cache, if it is on, and give it an endpoint resolver that starts from the
-    endpoints of :data:`ENDPOINT_SERVICES` only."""
+    cache, if it is on: its clients are then built from trimmed service models (see
+    :mod:`.aws_service_models`), and its endpoint resolver starts from the endpoints
+    of :data:`ENDPOINT_SERVICES` only. Returns whether the models are trimmed."""
     directory = cache_dir()
     if directory is None:
-        return
+        return False
     loader = botocore_session.get_component("data_loader")
-    if isinstance(getattr(loader, "file_loader", None), JSONFileLoader):
-        loader.file_loader = CachingFileLoader(directory)
-        # An instance attribute, so botocore's own method (and its in-process cache)
-        # stays what answers when the copy is missing.
-        loader.list_available_services = CachedServiceList(loader, directory)
-        internal = getattr(botocore_session, "_internal_components", None)
-        if internal is not None and hasattr(internal, "lazy_register_component"):
-            # botocore registers its own resolver the same way (lazily, as an internal
-            # component); this one replaces it before any client asked for it.
-            internal.lazy_register_component(
-                "endpoint_resolver", endpoint_resolver_factory(botocore_session, directory)
-            )
+    if not isinstance(getattr(loader, "file_loader", None), JSONFileLoader):
+        return False
+    loader.file_loader = CachingFileLoader(directory)
+    # An instance attribute, so botocore's own method (and its in-process cache)
+    # stays what answers when the copy is missing.
+    loader.list_available_services = CachedServiceList(loader, directory)
+    internal = getattr(botocore_session, "_internal_components", None)
+    if internal is not None and hasattr(internal, "lazy_register_component"):
+        # botocore registers its own resolver the same way (lazily, as an internal
+        # component); this one replaces it before any client asked for it.
+        internal.lazy_register_component(
+            "endpoint_resolver", endpoint_resolver_factory(botocore_session, directory)
+        )
+    for service in CLIENT_OPERATIONS:
+        botocore_session.register(f"getattr.{service}", _missing_operation)
+    return True
+
+
+def _missing_operation(client: Any, event_name: str, **kwargs: Any) -> None:
+    # Event names read ``getattr.<service>.<attribute>``.
+    explain_missing_operation(client, event_name.split(".", 2)[2])
 
 
 __all__ = [

@@ -23,6 +23,7 @@ import pytest
 
 from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.storage.aws_clients import session_region
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.dynamodb import (
@@ -146,7 +147,9 @@ def store(config: DynamoDBConfig, table: str) -> DynamoDBManifestStore:
     return DynamoDBManifestStore.from_config(table, config)
 
 
-def scan(client: Any, table: str) -> list[dict[str, Any]]:
+def scan(config: DynamoDBConfig, table: str) -> list[dict[str, Any]]:
+    """Every item of ``table``, read with a plain boto3 client (lancetx's has no Scan)."""
+    client = boto3.client("dynamodb", **config.client_kwargs(session_region()))
     return list(client.scan(TableName=table, ConsistentRead=True)["Items"])
 
 
@@ -401,7 +404,7 @@ def test_throttled_twice_then_succeeds(
     faults.plan("PutItem", [ddb_error(code), ddb_error(code)])
     store.put_if_not_exists(staged(1, "tok"))
     assert faults.seen["PutItem"] == 3
-    items = scan(make_client(config), table)
+    items = scan(config, table)
     assert len(items) == 1 and items[0]["commit_token"] == {"S": "tok"}
     faults.plan("Query", [ddb_error(code), ddb_error(code)])
     latest = store.latest(BASE)
@@ -418,7 +421,7 @@ def test_persistent_throttling_raises_throttled(
         store.put_if_not_exists(staged(1, "tok"))
     assert info.value.attempts == FAST.max_attempts == faults.seen["PutItem"]
     assert "dynamodb:PutItem" in str(info.value) and f"table/{table}" in str(info.value)
-    assert scan(make_client(config), table) == []
+    assert scan(config, table) == []
 
     async def main() -> None:
         async with AsyncDynamoDBManifestStore.open(table, config) as s:
@@ -449,20 +452,19 @@ def test_transient_5xx_on_reads_is_retried(
 def test_landed_write_reported_as_5xx_resolves_as_ours(
     aws: EmbeddedAws, config: DynamoDBConfig, table: str
 ) -> None:
-    raw = make_client(config)
     before_retry: list[int] = []
     store = DynamoDBManifestStore(
         make_client(config),
         table,
         retry=FAST,
-        sleep=lambda _: before_retry.append(len(scan(raw, table))),
+        sleep=lambda _: before_retry.append(len(scan(config, table))),
     )
     faults = Faults(aws, table)
     faults.plan("PutItem", [ddb_error("InternalServerError", 500, after_forwarding=True)])
     store.put_if_not_exists(staged(1, "mine"))  # retry hits ConditionalCheckFailed on our own item
     assert faults.seen["PutItem"] == 2
     assert before_retry == [1]  # the first attempt did land: the retry met our own item
-    items = scan(raw, table)
+    items = scan(config, table)
     assert len(items) == 1 and items[0]["commit_token"] == {"S": "mine"}
 
 
@@ -599,11 +601,10 @@ def test_async_store_resolves_ambiguity_too(
 ) -> None:
     faults = Faults(aws, table)
     faults.plan("PutItem", [ddb_error("InternalServerError", 500, after_forwarding=True)])
-    raw = make_client(config)
     before_retry: list[int] = []
 
     async def record(_: float) -> None:
-        before_retry.append(len(scan(raw, table)))
+        before_retry.append(len(scan(config, table)))
 
     async def main() -> ManifestEntry:
         async with AsyncDynamoDBManifestStore.open(table, config, sleep=record) as s:

@@ -15,14 +15,16 @@ from typing import Any
 import botocore.loaders
 import botocore.session
 import pytest
+from botocore.exceptions import ClientError
 from botocore.regions import EndpointResolver
 
-from lancetx.commit.storage import aws_model_cache
+from lancetx.commit.storage import aws_clients, aws_model_cache, aws_service_models
 from lancetx.commit.storage.aws_model_cache import (
     CACHE_ENV,
     CachingFileLoader,
     TrimmedEndpointResolver,
 )
+from lancetx.commit.storage.aws_service_models import CLIENT_OPERATIONS, trim_service_model
 from lancetx.externalstore.embedded import EmbeddedAws
 
 
@@ -43,14 +45,15 @@ def json_parses(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 def new_session() -> Any:
-    session = botocore.session.Session()
-    aws_model_cache.install(session)
-    return session
+    """A session as lancetx builds its own (the cache as the environment says)."""
+    return aws_clients.new_session()
 
 
 def use_clients(session: Any, aws: EmbeddedAws) -> None:
-    session.create_client("s3", **aws.client_kwargs()).list_buckets()
-    session.create_client("dynamodb", **aws.client_kwargs()).list_tables()
+    with pytest.raises(ClientError, match="NoSuchBucket"):
+        session.create_client("s3", **aws.client_kwargs()).list_objects_v2(Bucket="no-such")
+    with pytest.raises(ClientError, match="ResourceNotFound"):
+        session.create_client("dynamodb", **aws.client_kwargs()).describe_table(TableName="no")
 
 
 def test_the_next_session_reads_the_copies_instead_of_the_json(
@@ -69,12 +72,35 @@ def test_the_next_session_reads_the_copies_instead_of_the_json(
 def test_a_copy_holds_what_the_json_holds(tmp_path: Path) -> None:
     data = Path(botocore.__file__).parent / "data"
     plain = botocore.loaders.JSONFileLoader()
-    for name in ("endpoints", "s3/2006-03-01/service-2", "dynamodb/2012-08-10/service-2"):
+    for name in ("endpoints", "s3/2006-03-01/endpoint-rule-set-1", "sts/2011-06-15/service-2"):
         path = str(data / name)
         CachingFileLoader(tmp_path).load_file(path)  # writes the copy
         from_copy = CachingFileLoader(tmp_path).load_file(path)
-        assert from_copy == plain.load_file(path), name
-        assert list(from_copy) == list(plain.load_file(path)), name  # key order kept
+        expected = plain.load_file(path)
+        if name.endswith("service-2"):
+            expected = trim_service_model(name.split("/")[0], json.loads(json.dumps(expected)))
+        assert from_copy == expected, name
+        assert list(from_copy) == list(expected), name  # key order kept
+
+
+def test_service_models_come_trimmed_whether_parsed_or_from_a_copy(tmp_path: Path) -> None:
+    path = str(Path(botocore.__file__).parent / "data" / "s3" / "2006-03-01" / "service-2")
+    full = botocore.loaders.JSONFileLoader().load_file(path)
+    expected = trim_service_model("s3", json.loads(json.dumps(full)))
+    parsed = CachingFileLoader(tmp_path).load_file(path)  # no copy yet: parsed, then kept
+    from_copy = CachingFileLoader(tmp_path).load_file(path)
+    assert parsed == from_copy == expected
+    assert set(expected["operations"]) == CLIENT_OPERATIONS["s3"] < set(full["operations"])
+
+
+def test_copies_made_for_another_list_of_operations_are_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(Path(botocore.__file__).parent / "data" / "s3" / "2006-03-01" / "service-2")
+    CachingFileLoader(tmp_path).load_file(path)
+    more = {**CLIENT_OPERATIONS, "s3": CLIENT_OPERATIONS["s3"] | {"HeadBucket"}}
+    monkeypatch.setattr(aws_service_models, "CLIENT_OPERATIONS", more)
+    assert "HeadBucket" in CachingFileLoader(tmp_path).load_file(path)["operations"]
 
 
 def test_an_unwritable_cache_or_a_damaged_copy_only_costs_the_speed_up(
@@ -102,6 +128,21 @@ def test_the_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     resolver = session._get_internal_component("endpoint_resolver")
     assert type(resolver) is EndpointResolver
     assert len(resolver._endpoint_data["partitions"][0]["services"]) > 100
+    # botocore's whole models, and every built-in handler (those of S3's other
+    # operations included): a client with every operation works as botocore's.
+    client = session.create_client("s3", region_name="us-east-1")
+    assert hasattr(client, "put_bucket_policy") and hasattr(client, "upload_part")
+    assert session.get_component("event_emitter") is not None
+    assert (
+        handlers_of(session, "before-parameter-build.s3.UploadPart")
+        == handlers_of(botocore.session.Session(), "before-parameter-build.s3.UploadPart")
+        != []
+    )
+
+
+def handlers_of(session: Any, event_name: str) -> list[Any]:
+    """The handlers ``session``'s clients run for ``event_name``, in order."""
+    return list(session._original_handler._handlers.prefix_search(event_name))
 
 
 # ------------------------------------------------------------------ trimmed endpoint data
@@ -138,7 +179,7 @@ def where_it_goes(
     client = session.create_client(service, **kwargs)
     client.meta.events.register("before-send", _stop_before_sending)
     call = {
-        "s3": lambda: client.head_bucket(Bucket="some-bucket"),
+        "s3": lambda: client.head_object(Bucket="some-bucket", Key="k"),
         "dynamodb": lambda: client.describe_table(TableName="some-table"),
         "sts": lambda: client.get_caller_identity(),
         "sqs": lambda: client.list_queues(),

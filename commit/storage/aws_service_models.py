@@ -1,0 +1,156 @@
+"""What lancetx's AWS clients keep of botocore's service models.
+
+Building a botocore client costs in proportion to its service model: the model is
+loaded, and the client class gets one method per operation (S3 has ~110, DynamoDB
+~60). lancetx's clients call a handful of each, so in a fresh process (a Spark task,
+a CLI run) most of the ~15 ms it took to build the S3 and DynamoDB clients went to
+operations and documentation nothing reads. :func:`trim_service_model` keeps:
+
+* of S3 and DynamoDB (:data:`CLIENT_OPERATIONS`), only the operations lancetx calls,
+  every shape those operations reach, and every error shape (so ``client.exceptions``
+  still names each of the service's errors);
+* of every service, nothing of the documentation (botocore reads it only to write
+  docstrings: ``help(client.get_object)``).
+
+The request each kept operation sends and the answer it parses are exactly
+botocore's: its shapes are unchanged. A call of an operation that was left out
+raises :class:`AttributeError` saying so (see :func:`explain_missing_operation`).
+The trimmed models are served by :mod:`.aws_model_cache`, so turning that cache off
+(``LANCETX_AWS_MODEL_CACHE=off``) gives clients with botocore's whole models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: The operations lancetx's shared clients call, by service (botocore's service and
+#: operation names). A client of a listed service has these methods only.
+CLIENT_OPERATIONS: Mapping[str, frozenset[str]] = {
+    "s3": frozenset(
+        {"CopyObject", "DeleteObject", "GetObject", "HeadObject", "ListObjectsV2", "PutObject"}
+    ),
+    "dynamodb": frozenset(
+        {
+            "BatchGetItem",
+            "CreateTable",
+            "DeleteItem",
+            "DescribeTable",
+            "GetItem",
+            "PutItem",
+            "Query",
+            "TransactWriteItems",
+            "UpdateContinuousBackups",
+            "UpdateItem",
+        }
+    ),
+}
+
+#: Where a service model keeps documentation: in the service, each operation and shape,
+#: and each reference to a shape (an operation's input, output and errors; a
+#: structure's members; a list's member; a map's key and value).
+_DOC_KEYS = ("documentation", "documentationUrl")
+#: A list's and a map's references to their element shapes.
+_ELEMENT_REFS = ("member", "key", "value")
+
+
+def _operation_refs(operation: Mapping[str, Any]) -> list[Any]:
+    return [operation.get("input"), operation.get("output"), *operation.get("errors", ())]
+
+
+def _shape_refs(shape: Mapping[str, Any]) -> list[Any]:
+    return [*shape.get("members", {}).values(), *(shape.get(k) for k in _ELEMENT_REFS)]
+
+
+def _drop_docs(node: Any) -> None:
+    if isinstance(node, dict):
+        for key in _DOC_KEYS:
+            node.pop(key, None)
+
+
+def without_documentation(model: dict[str, Any]) -> dict[str, Any]:
+    """``model`` (a service model, changed in place) without its documentation.
+
+    Documentation is ~85% of the S3 model (1 MB of 1.2 MB as marshal). Only the places
+    the model format puts documentation are cleared, so a member that happens to be
+    *named* ``documentation`` stays.
+    """
+    _drop_docs(model)
+    for operation in model.get("operations", {}).values():
+        _drop_docs(operation)
+        for ref in _operation_refs(operation):
+            _drop_docs(ref)
+    for shape in model.get("shapes", {}).values():
+        _drop_docs(shape)
+        for ref in _shape_refs(shape):
+            _drop_docs(ref)
+    return model
+
+
+def only_operations(model: dict[str, Any], operations: Iterable[str]) -> dict[str, Any]:
+    """``model`` (changed in place) with only ``operations``, the shapes they reach and
+    every error shape. Raises KeyError naming an operation the model does not have."""
+    wanted = set(operations)
+    missing = wanted - set(model.get("operations", {}))
+    if missing:
+        raise KeyError(f"the service model has no operation(s) {sorted(missing)}")
+    model["operations"] = {k: v for k, v in model["operations"].items() if k in wanted}
+    shapes: dict[str, Any] = model.get("shapes", {})
+    pending = [
+        ref["shape"]
+        for operation in model["operations"].values()
+        for ref in _operation_refs(operation)
+        if isinstance(ref, dict)
+    ]
+    pending += [name for name, shape in shapes.items() if shape.get("exception")]
+    reached: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in reached or name not in shapes:
+            continue
+        reached.add(name)
+        pending += [ref["shape"] for ref in _shape_refs(shapes[name]) if isinstance(ref, dict)]
+    model["shapes"] = {k: v for k, v in shapes.items() if k in reached}
+    return model
+
+
+def trim_service_model(service: str, model: dict[str, Any]) -> dict[str, Any]:
+    """What lancetx's clients of ``service`` are built from (``model`` is changed)."""
+    model = without_documentation(model)
+    operations = CLIENT_OPERATIONS.get(service)
+    return model if operations is None else only_operations(model, operations)
+
+
+def trim_digest() -> str:
+    """A digest of what :func:`trim_service_model` keeps, for the cache's keys: copies
+    made for another list of operations are never read."""
+    listed = sorted((s, sorted(ops)) for s, ops in CLIENT_OPERATIONS.items())
+    return hashlib.sha256(repr(("no documentation", listed)).encode()).hexdigest()[:16]
+
+
+def explain_missing_operation(client: Any, name: str) -> None:
+    """Raise the AttributeError for ``client.<name>``, saying the client was trimmed.
+
+    Registered for ``getattr.<service>`` on a session whose models are trimmed:
+    botocore emits that event when an attribute is not found on a client.
+    """
+    if name.startswith("_"):
+        return  # Python's own probes (copy, pickle…): botocore's plain AttributeError
+    service = client.meta.service_model.service_name
+    raise AttributeError(
+        f"lancetx's {service} client has no method {name!r}: lancetx builds its clients "
+        f"with only the operations it calls ({', '.join(sorted(CLIENT_OPERATIONS[service]))}). "
+        "Use your own boto3 client for other operations, or set LANCETX_AWS_MODEL_CACHE=off "
+        "for clients with every operation"
+    )
+
+
+__all__ = [
+    "CLIENT_OPERATIONS",
+    "explain_missing_operation",
+    "only_operations",
+    "trim_digest",
+    "trim_service_model",
+    "without_documentation",
+]
