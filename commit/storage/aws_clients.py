@@ -65,7 +65,10 @@ def new_session(profile: str | None = None, *, lean: bool = True) -> botocore.se
         session = botocore.session.Session(profile=profile, include_builtin_handlers=False)
         # Service data from the on-disk copy (see :mod:`.aws_model_cache`): the first
         # client of a process is most of a fresh process's table open.
-        aws_handlers.register(session, trimmed=aws_model_cache.install(session))
+        trimmed = aws_model_cache.install(session)
+        if trimmed:
+            aws_handlers.narrow_aliases(session)
+        aws_handlers.register(session, trimmed=trimmed)
     else:
         session = botocore.session.Session(profile=profile)
         if lean:

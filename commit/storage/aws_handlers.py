@@ -17,7 +17,8 @@ trimmed models leave out, and those that write documentation (the trimmed models
 none). A client of a kept service therefore sees the very handlers botocore would give
 it for every request it can send; a session set up this way must only build clients of
 those services (:mod:`.aws_clients` gives any other service a session with every
-handler) and only from trimmed models (:mod:`.aws_model_cache` serves them).
+handler) and only from trimmed models (:mod:`.aws_model_cache` serves them). For the
+same reason :func:`narrow_aliases` keeps only the event-name aliases of those services.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from botocore import handlers
-from botocore.hooks import EVENT_ALIASES
+from botocore.hooks import EVENT_ALIASES, EventAliaser
 
 from lancetx.commit.storage.aws_service_models import CLIENT_OPERATIONS
 
@@ -67,6 +68,29 @@ def is_kept(event_name: str, services: Iterable[str] = SESSION_SERVICES) -> bool
         return False
     operation, operations = _named(parts, 2), CLIENT_OPERATIONS.get(service)
     return operation is None or operations is None or operation in operations
+
+
+def narrow_aliases(session: Any, services: Iterable[str] = SESSION_SERVICES) -> bool:
+    """Keep, of the alias table ``session`` rewrites event names through, only the
+    entries that name one of ``services``; return whether the table was narrowed.
+
+    botocore's aliases map renamed services' old event names to new ones
+    (``autoscaling`` → ``auto-scaling``: ~65 entries, none of them S3, DynamoDB or
+    STS). Every event name a client registers or emits is scanned against the whole
+    table the first time, in each client's own copy of the table: ~2.5 ms of a fresh
+    process's table open, for rewrites that never apply to lancetx's clients. The
+    table is an attribute of botocore's ``EventAliaser`` (no public setter); if a
+    botocore release moves it, nothing is narrowed and nothing else changes.
+    """
+    events = session.get_component("event_emitter")
+    table = getattr(events, "_event_aliases", None)
+    if not isinstance(events, EventAliaser) or not isinstance(table, dict):
+        return False
+    kept = set(services)
+    events._event_aliases = {
+        old: new for old, new in table.items() if kept & {*old.split("."), *new.split(".")}
+    }
+    return True
 
 
 def _understood(spec: Any) -> bool:
@@ -114,4 +138,11 @@ def register(session: Any, *, trimmed: bool, services: Iterable[str] = SESSION_S
     return count
 
 
-__all__ = ["SESSION_SERVICES", "event_service", "is_kept", "list_understood", "register"]
+__all__ = [
+    "SESSION_SERVICES",
+    "event_service",
+    "is_kept",
+    "list_understood",
+    "narrow_aliases",
+    "register",
+]

@@ -14,6 +14,7 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore import handlers, xform_name
+from botocore.hooks import EVENT_ALIASES, EventAliaser, HierarchicalEmitter
 
 from lancetx.commit.storage import aws_clients, aws_handlers
 from lancetx.commit.storage.aws_handlers import is_kept
@@ -180,5 +181,39 @@ def test_a_handler_list_of_another_form_gets_botocores_own_registration(
         assert (
             list(session._original_handler._handlers.prefix_search(event))
             == list(plain._original_handler._handlers.prefix_search(event))
+            != []
+        )
+
+
+def test_the_lean_session_rewrites_event_names_only_for_its_services(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore's alias table renames other services' events; the lean session (whose
+    clients are all of its own services) keeps only entries naming those services,
+    and its clients' copies inherit the narrowed table."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    session = aws_clients.new_session()
+    aliases = session.get_component("event_emitter")._event_aliases
+    assert len(aliases) < len(EVENT_ALIASES) / 10
+    assert all(old in EVENT_ALIASES for old in aliases)
+    client = session.create_client("s3", region_name="us-east-1")
+    assert client.meta.events._event_aliases == aliases
+    # None of the dropped entries rewrites an event of lancetx's clients.
+    plain = EventAliaser(HierarchicalEmitter())
+    for service, calls in CALLS.items():
+        for operation in calls:
+            for event in ("before-parameter-build", "before-call", "needs-retry", "after-call"):
+                name = f"{event}.{service}.{operation}"
+                assert plain._alias_event_name(name) == name
+
+
+def test_with_the_cache_off_the_lean_session_is_botocores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, "off")
+    session = aws_clients.new_session()
+    assert session.get_component("event_emitter")._event_aliases == EVENT_ALIASES
+    for event in ("before-parameter-build.s3.UploadPart", "before-call.ec2.CopySnapshot"):
+        assert (
+            list(session._original_handler._handlers.prefix_search(event))
+            == list(botocore.session.Session()._original_handler._handlers.prefix_search(event))
             != []
         )
