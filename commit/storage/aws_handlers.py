@@ -87,9 +87,8 @@ def narrow_aliases(session: Any, services: Iterable[str] = SESSION_SERVICES) -> 
     if not isinstance(events, EventAliaser) or not isinstance(table, dict):
         return False
     kept = set(services)
-    events._event_aliases = {
-        old: new for old, new in table.items() if kept & {*old.split("."), *new.split(".")}
-    }
+    narrowed = {old: new for old, new in table.items() if kept & {*old.split("."), *new.split(".")}}
+    setattr(events, "_event_aliases", narrowed)  # noqa: B010 (no such attribute in botocore's stubs)
     return True
 
 
