@@ -119,7 +119,11 @@ def trim_service_model(service: str, model: dict[str, Any]) -> dict[str, Any]:
     """What lancetx's clients of ``service`` are built from (``model`` is changed)."""
     model = without_documentation(model)
     operations = CLIENT_OPERATIONS.get(service)
-    return model if operations is None else only_operations(model, operations)
+    if operations is None:
+        return model
+    # A model from another data path (AWS_DATA_PATH) may lack one: calling it then
+    # raises the AttributeError of explain_missing_operation, not building the client.
+    return only_operations(model, operations & set(model.get("operations", {})))
 
 
 def trim_digest() -> str:

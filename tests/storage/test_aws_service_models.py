@@ -155,3 +155,10 @@ def test_documentation_goes_but_a_member_named_documentation_stays() -> None:
             "Err": {"type": "structure", "members": {}, "exception": True},
         },
     }
+
+
+def test_a_model_lacking_a_listed_operation_is_trimmed_to_those_it_has() -> None:
+    model = full_model("s3")
+    del model["operations"]["CopyObject"]
+    trimmed = trim_service_model("s3", model)
+    assert set(trimmed["operations"]) == CLIENT_OPERATIONS["s3"] - {"CopyObject"}
