@@ -1,8 +1,8 @@
 """Randomized whole-system histories: writer processes, faults, kill -9, and a
 checker that trusts only pylance.
 
-A *history* is one table (its own path in a shared bucket and DynamoDB table on
-one embedded moto server). Its *schedule*, drawn from a seed, names actors —
+A *history* is one table (its own path in a shared bucket, and a DynamoDB table it
+shares with the few histories of its batch, on one embedded moto server). Its *schedule*, drawn from a seed, names actors —
 writers (lancetx sync, lancetx async, pylance ``s3+ddb://``) and
 readers/finalizers — how many appends each makes, and the faults its requests
 meet. Actors run at once, each in its own worker process (a pre-forked pool,
@@ -396,14 +396,43 @@ class Outcome:
     killed: int = 0
 
 
+#: Histories (consecutive seeds) that share one DynamoDB table. moto answers a Query by
+#: scanning every item of the table, not one partition key's: with one table for all
+#: histories every Query got slower as the run went on, which DynamoDB's do not.
+HISTORIES_PER_TABLE = 25
+
+
+class HistoryTables:
+    """The DynamoDB table of each history: one per :data:`HISTORIES_PER_TABLE`
+    consecutive seeds, created on first use."""
+
+    def __init__(self, aws: EmbeddedAws, prefix: str) -> None:
+        self._aws = aws
+        self._prefix = prefix
+        self._made: set[str] = set()
+        self._lock = threading.Lock()
+
+    def for_seed(self, seed: int) -> str:
+        from protocol_helpers import ensure_ddb_table
+
+        name = f"{self._prefix}-{seed // HISTORIES_PER_TABLE}"
+        with self._lock:
+            if name not in self._made:
+                ensure_ddb_table(self._aws.pylance_storage_options(), name)
+                self._made.add(name)
+        return name
+
+
 @dataclass(frozen=True)
 class World:
     aws: EmbeddedAws
     bucket: str
+    #: the template's table (each history runs in its batch's: ``tables``)
     ddb_table: str
     injector: FaultInjector
     #: version 1 every history starts from: its base, object keys and item
     template: dict[str, Any]
+    tables: HistoryTables
 
 
 def make_template(aws: EmbeddedAws, bucket: str, ddb_table: str) -> dict[str, Any]:
@@ -435,7 +464,8 @@ def run_history(world: World, pool: Pool, seed: int) -> Outcome:
     schedule = make_schedule(seed)
     outcome = Outcome(seed, schedule)
     base = f"h{seed}-{os.getpid()}-{time.monotonic_ns()}/t.lance"
-    uri = f"s3+ddb://{world.bucket}/{base}?ddbTableName={world.ddb_table}"
+    table = world.tables.for_seed(seed)
+    uri = f"s3+ddb://{world.bucket}/{base}?ddbTableName={table}"
     plain = _options(world, "testing")
 
     (worker,) = pool.acquire(1)
@@ -447,7 +477,7 @@ def run_history(world: World, pool: Pool, seed: int) -> Outcome:
                 "template": world.template,
                 "base": base,
                 "bucket": world.bucket,
-                "ddb_table": world.ddb_table,
+                "ddb_table": table,
                 "endpoint": world.aws.endpoint,
             },
         )
@@ -621,7 +651,7 @@ def harness(
     warm_uri = f"s3+ddb://{bucket}/{template['base']}?ddbTableName={ddb_table}"
     pool = Pool(workers, {"job": "warm", "uri": warm_uri, "options": aws.pylance_storage_options()})
     try:
-        yield World(aws, bucket, ddb_table, injector, template), pool
+        yield World(aws, bucket, ddb_table, injector, template, HistoryTables(aws, ddb_table)), pool
     finally:
         aws.set_interceptor(None)
         pool.close()
