@@ -18,10 +18,11 @@ them; ``async with table:`` (or ``await table.aclose()``) closes them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+import functools
+from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -32,6 +33,8 @@ from lancetx.commit.engine.committer import (
     load_parent,
     load_parent_async,
 )
+from lancetx.commit.engine.operations import Transaction
+from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
 from lancetx.commit.storage.s3store import S3Config
@@ -53,8 +56,10 @@ from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig
 from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.multi_table import DEFAULT_RETRY
 from lancetx.externalstore.uri import parse_ddb_uri
 from lancetx.history import VersionInfo
+from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
 from lancetx.table import Table, TableVerbs, _args
 from lancetx.verbs.writing import WritePlan, fragments_verb
@@ -62,6 +67,8 @@ from lancetx.writer import AsyncTableWriter, TableWriter
 
 if TYPE_CHECKING:
     from lance import LanceDataset
+
+K = TypeVar("K", bound=Hashable)
 
 
 @asynccontextmanager
@@ -207,6 +214,10 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
     @property
     def data_uri(self) -> str:
         return self._sync.data_uri
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return self._sync.storage_options
 
     @property
     def read_only(self) -> bool:
@@ -381,4 +392,41 @@ async def commit_fragments(
     return await run_verb_async(state, *verb)
 
 
-__all__ = ["AsyncTable", "commit_fragments", "connect", "open", "run_verb_async", "write_table"]
+async def commit_many(
+    transactions: Mapping[K, Transaction],
+    *,
+    expected_versions: Mapping[K, int] | Mapping[str, int] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> dict[K, int]:
+    """The async :func:`lancetx.commit_many`: one transaction per table, all or nothing.
+
+    Keys are table URIs or tables (:class:`AsyncTable` as well as :class:`lancetx.Table`).
+    The commit is the synchronous one, run on a worker thread so the event loop stays
+    free: preparing each table is pylance's synchronous work anyway, and the claim is
+    one DynamoDB ``TransactWriteItems``. Raises what :func:`lancetx.commit_many` raises.
+    """
+    return await asyncio.to_thread(
+        functools.partial(
+            commit_many_sync,
+            transactions,
+            expected_versions=expected_versions,
+            storage_options=storage_options,
+            commit_message=commit_message,
+            properties=properties,
+            retry=retry,
+        )
+    )
+
+
+__all__ = [
+    "AsyncTable",
+    "commit_fragments",
+    "commit_many",
+    "connect",
+    "open",
+    "run_verb_async",
+    "write_table",
+]

@@ -21,6 +21,7 @@ server's interceptor.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -35,6 +36,7 @@ import pytest
 from protocol_helpers import ddb_uri, ensure_ddb_table
 
 import lancetx
+import lancetx.aio
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import ExpectedVersionMismatchError
 from lancetx.commit.format.fragments import fragment_from_pylance
@@ -147,6 +149,41 @@ def test_two_tables_land_together(lake: Lake) -> None:
     assert not [k for k in lake.objects() if ".manifest-" in k]
     message = lance.dataset(orders, storage_options=lake.options).versions()[-1]
     assert message["version"] == 2
+
+
+def test_the_async_commit_many_lands_async_tables_together_off_the_event_loop(
+    lake: Lake,
+) -> None:
+    orders, lines = lake.create("orders"), lake.create("lines")
+    planned = {orders: lake.append(orders, "o", 1), lines: lake.append(lines, "l", 1)}
+    claims: list[str] = []
+    lake.aws.set_interceptor(lambda r: claims.append(r.target) if _is_claim(r) else None)
+
+    async def main() -> tuple[dict[str, int], int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        first = await lancetx.aio.open(orders, lake.options)
+        second = await lancetx.aio.open(lines, lake.options)
+        ticker = asyncio.create_task(tick())
+        async with first, second:  # keys are the tables; their storage options are used
+            versions = await lancetx.aio.commit_many(
+                {first: planned[orders], second: planned[lines]}, commit_message="batch 1"
+            )
+        ticker.cancel()
+        return {table.uri: v for table, v in versions.items()}, ticks
+
+    versions, ticks = asyncio.run(main())
+    assert versions == {orders: 2, lines: 2}
+    assert claims == ["TransactWriteItems"]  # one claim for both tables
+    assert ticks > 5  # the event loop ran while the tables committed
+    assert lake.rows(orders) == sorted([("orders", 0)] * 3 + [("o", 1)] * 2)
+    assert lake.rows(lines) == sorted([("lines", 0)] * 3 + [("l", 1)] * 2)
 
 
 def test_a_fault_between_the_claim_and_the_second_finalize_publishes_both(lake: Lake) -> None:
