@@ -15,9 +15,9 @@ Scenarios:
 * ``append-held``  — an append by a writer that holds the previous version
   (lancetx: the last ``Committed`` as parent; pylance: ``ds.insert`` on a held
   dataset);
-* ``refresh``      — re-resolve and read the latest manifest with what is held
-  (lancetx: ``load_parent`` on an existing connection; pylance:
-  ``ds.checkout_latest()`` on a held dataset);
+* ``refresh``      — move a held version to the latest, the table unchanged
+  (lancetx: ``load_parent(held=…)`` on an existing connection, as ``Table.refresh``;
+  pylance: ``ds.checkout_latest()`` on a held dataset);
 * ``open``         — open the table from its URI in a warm process (lancetx:
   ``connect`` + ``load_parent``; pylance: ``lance.dataset``);
 * ``open-cold``    — the same in a fresh Python process (no shared clients, no
@@ -65,7 +65,7 @@ from _harness import (
     write_json,
 )
 
-from lancetx.commit.engine.committer import Committed, load_parent
+from lancetx.commit.engine.committer import Committed, Parent, load_parent
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.demo import batch, lancetx_append
 from lancetx.externalstore.embedded import EmbeddedAws
@@ -160,6 +160,7 @@ class System:
             self.botocore.attach(self.conn.handler)
         self.held: Committed | lance.LanceDataset | None = None
         self.reader: lance.LanceDataset | None = None
+        self.held_parent: Parent | None = None
         #: Set by actions whose duration is measured elsewhere (the cold-open child).
         self.reported_seconds: float | None = None
         #: Cold opens: how long the child's connect() (building the clients) took,
@@ -195,8 +196,10 @@ class System:
 
     def refresh(self) -> None:
         if self.conn is not None:
-            if load_parent(self.conn.handler, self.conn.base) is None:
+            latest = load_parent(self.conn.handler, self.conn.base, held=self.held_parent)
+            if latest is None:
                 raise RuntimeError(f"{self.uri}: no versions")
+            self.held_parent = latest
         else:
             if self.reader is None:
                 raise RuntimeError("prepare_reader() first")
@@ -205,6 +208,8 @@ class System:
     def prepare_reader(self) -> None:
         if self.conn is None:
             self.reader = lance.dataset(self.uri, storage_options=self.options)
+        else:
+            self.held_parent = load_parent(self.conn.handler, self.conn.base)
 
     def open(self) -> None:
         if self.lancetx:

@@ -71,8 +71,9 @@ class TableState:
         return join(self.conn.base, DATA_DIR) + "/"
 
     def refresh(self) -> Parent | None:
-        """Resolve the latest version (one round trip to the version store + one GET)."""
-        latest = load_parent(self.conn.handler, self.conn.base)
+        """Resolve the latest version: one round trip to the version store, and one GET
+        of its manifest unless it is the version already held."""
+        latest = load_parent(self.conn.handler, self.conn.base, held=self.parent)
         self.remember(latest)
         return latest
 

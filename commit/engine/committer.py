@@ -219,16 +219,26 @@ class Parent:
 # ------------------------------------------------------------------ front doors
 
 
-def load_parent(handler: CommitHandler, base: str, version: int | None = None) -> Parent | None:
-    """The latest version (or ``version``), or None for a table with no versions."""
-    return run(load_parent_steps(handler.store, base, version), handler)
+def load_parent(
+    handler: CommitHandler, base: str, version: int | None = None, *, held: Parent | None = None
+) -> Parent | None:
+    """The latest version (or ``version``), or None for a table with no versions.
+
+    ``held``: a version the caller already has; if the latest (or ``version``) is
+    that version, its manifest is not read again (a committed version never changes).
+    """
+    return run(load_parent_steps(handler.store, base, version, held=held), handler)
 
 
 async def load_parent_async(
-    handler: AsyncCommitHandler, base: str, version: int | None = None
+    handler: AsyncCommitHandler,
+    base: str,
+    version: int | None = None,
+    *,
+    held: Parent | None = None,
 ) -> Parent | None:
     """:func:`load_parent` through an :class:`AsyncCommitHandler`."""
-    return await run_async(load_parent_steps(handler.store, base, version), handler)
+    return await run_async(load_parent_steps(handler.store, base, version, held=held), handler)
 
 
 def commit_transaction(
@@ -267,14 +277,21 @@ async def commit_transaction_async(
 # ------------------------------------------------------------------------ steps
 
 
-def load_parent_steps(names: Names, base: str, version: int | None = None) -> Steps[Parent | None]:
-    """The latest version (or ``version``) with its manifest; None for a table with none."""
+def load_parent_steps(
+    names: Names, base: str, version: int | None = None, *, held: Parent | None = None
+) -> Steps[Parent | None]:
+    """The latest version (or ``version``) with its manifest; None for a table with none.
+    The manifest of ``held`` is reused when it is that version (see :func:`load_parent`)."""
     if version is None:
         location: ManifestLocation | None = yield ResolveLatest(base)
         if location is None:
             return None
     else:
         location = yield ResolveVersion(base, version)
+    if held is not None and held.version == location.version:
+        # The same version's manifest, wherever it is read from now (a staged
+        # manifest since finalized is the same bytes under its final name).
+        return Parent(location, held.manifest)
     manifest: ManifestFile = yield ReadManifest(base, location)
     return Parent(location, manifest)
 

@@ -162,6 +162,20 @@ def test_cold_open_is_one_query_and_one_get(counted: Counted) -> None:
     assert get.headers.get("range", "").startswith("bytes=-")  # the tail, in one request
 
 
+def test_refreshing_a_table_reads_its_manifest_only_when_a_version_is_new(
+    counted: Counted,
+) -> None:
+    table = lancetx.open(counted.conn.uri, counted.options)
+    counted.log.clear()
+    assert table.refresh().version == 1 and table.latest_version == 1
+    assert counted.ops() == ["Query", "Query"]  # the held version's manifest is reused
+    winners(counted, 1)
+    counted.log.clear()
+    assert table.refresh().version == 2
+    assert counted.ops() == ["Query", "GetObject"]
+    assert table.count_rows() == 2 * ROWS
+
+
 def test_uncontended_commit_with_the_parent_in_hand_reads_nothing(counted: Counted) -> None:
     first = append(counted, "w", 0)  # cold: resolves and reads the parent
     assert counted.ops() == ["Query", "GetObject", *COMMIT]
