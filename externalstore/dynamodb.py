@@ -312,7 +312,11 @@ def warn_if_sdk_retries(client: Any) -> None:
 
 def make_client(config: DynamoDBConfig | None = None) -> Any:
     """The process's boto3 DynamoDB client for ``config`` (built on first use, then
-    shared by every store configured the same way; thread-safe)."""
+    shared by every store configured the same way; thread-safe).
+
+    With the AWS model cache on (the default) the client has only the operations
+    lancetx needs (see :mod:`lancetx.commit.storage.aws_service_models`); use your own
+    boto3 client for others (Scan, ListTables…)."""
     config = config or DynamoDBConfig.from_options()
     return make_shared_client(
         "dynamodb",

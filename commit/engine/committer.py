@@ -288,12 +288,27 @@ def load_parent_steps(
             return None
     else:
         location = yield ResolveVersion(base, version)
-    if held is not None and held.version == location.version:
+    if held is not None and _same_manifest(held.location, location):
         # The same version's manifest, wherever it is read from now (a staged
         # manifest since finalized is the same bytes under its final name).
         return Parent(location, held.manifest)
     manifest: ManifestFile = yield ReadManifest(base, location)
     return Parent(location, manifest)
+
+
+def _same_manifest(held: ManifestLocation, found: ManifestLocation) -> bool:
+    """Whether ``found`` is the manifest ``held`` was read from: the same version, and
+    neither its size, its ETag nor its transaction (the uuid an entry claimed by lancetx
+    records) known to differ: a table deleted and written again has its versions again,
+    with other manifests. Lance's own manifest cache is keyed by version and ETag."""
+    if held.version != found.version:
+        return False
+    if held.size is not None and found.size is not None and held.size != found.size:
+        return False
+    if held.etag is not None and found.etag is not None and held.etag != found.etag:
+        return False
+    ours, theirs = held.summary, found.summary
+    return ours is None or theirs is None or ours.uuid == theirs.uuid
 
 
 def commit_steps(

@@ -8,8 +8,8 @@ larger part of opening a table. :class:`CachingFileLoader` serves the same data 
 a ``marshal`` copy (the format of ``.pyc`` files) written the first time a file is
 read, which loads 3-4x faster, and answers botocore's listing of every service
 directory (which it makes to check a service name) from a copy too. Service models
-are kept as lancetx's clients use them (only the operations lancetx calls, no
-documentation: see :mod:`.aws_service_models`); everything else botocore does is
+are kept as lancetx's clients use them (only the operations lancetx and botocore call
+on them, no documentation: see :mod:`.aws_service_models`); everything else botocore does is
 unchanged.
 
 A copy is keyed by the source file's path, size and modification time, Python's

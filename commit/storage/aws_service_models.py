@@ -6,9 +6,10 @@ loaded, and the client class gets one method per operation (S3 has ~110, DynamoD
 a CLI run) most of the ~15 ms it took to build the S3 and DynamoDB clients went to
 operations and documentation nothing reads. :func:`trim_service_model` keeps:
 
-* of S3 and DynamoDB (:data:`CLIENT_OPERATIONS`), only the operations lancetx calls,
-  every shape those operations reach, and every error shape (so ``client.exceptions``
-  still names each of the service's errors);
+* of S3 and DynamoDB (:data:`CLIENT_OPERATIONS`), only the operations lancetx calls and
+  those botocore calls on its behalf (:data:`BOTOCORE_OPERATIONS`), every shape those
+  operations reach, and every error shape (so ``client.exceptions`` still names each
+  of the service's errors);
 * of every service, nothing of the documentation (botocore reads it only to write
   docstrings: ``help(client.get_object)``).
 
@@ -25,9 +26,9 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-#: The operations lancetx's shared clients call, by service (botocore's service and
-#: operation names). A client of a listed service has these methods only.
-CLIENT_OPERATIONS: Mapping[str, frozenset[str]] = {
+#: The operations lancetx's own code calls on its shared clients, by service
+#: (botocore's service and operation names).
+LANCETX_OPERATIONS: Mapping[str, frozenset[str]] = {
     "s3": frozenset(
         {"CopyObject", "DeleteObject", "GetObject", "HeadObject", "ListObjectsV2", "PutObject"}
     ),
@@ -46,6 +47,22 @@ CLIENT_OPERATIONS: Mapping[str, frozenset[str]] = {
         }
     ),
 }
+#: The operations botocore itself calls on a client, on the caller's behalf: S3's
+#: region redirector asks HeadBucket where a bucket lives when an error does not say;
+#: an S3 Express One Zone bucket is signed for with a CreateSession; DynamoDB's
+#: endpoint discovery (``endpoint_discovery_enabled``) calls DescribeEndpoints.
+BOTOCORE_OPERATIONS: Mapping[str, frozenset[str]] = {
+    "s3": frozenset({"CreateSession", "HeadBucket"}),
+    "dynamodb": frozenset({"DescribeEndpoints"}),
+}
+#: What a trimmed client of a listed service has: both of the above.
+CLIENT_OPERATIONS: Mapping[str, frozenset[str]] = {
+    service: LANCETX_OPERATIONS[service] | BOTOCORE_OPERATIONS.get(service, frozenset())
+    for service in LANCETX_OPERATIONS
+}
+#: Bump when what :func:`trim_service_model` keeps changes in any way the lists above
+#: do not show: copies made by an older trim are then not read.
+TRIM_FORMAT = 2
 
 #: Where a service model keeps documentation: in the service, each operation and shape,
 #: and each reference to a shape (an operation's input, output and errors; a
@@ -95,7 +112,12 @@ def only_operations(model: dict[str, Any], operations: Iterable[str]) -> dict[st
     missing = wanted - set(model.get("operations", {}))
     if missing:
         raise KeyError(f"the service model has no operation(s) {sorted(missing)}")
-    model["operations"] = {k: v for k, v in model["operations"].items() if k in wanted}
+    model["operations"] = {
+        # botocore finds its endpoint-discovery operation by this mark, not by name.
+        k: v
+        for k, v in model["operations"].items()
+        if k in wanted or v.get("endpointoperation")
+    }
     shapes: dict[str, Any] = model.get("shapes", {})
     pending = [
         ref["shape"]
@@ -128,9 +150,9 @@ def trim_service_model(service: str, model: dict[str, Any]) -> dict[str, Any]:
 
 def trim_digest() -> str:
     """A digest of what :func:`trim_service_model` keeps, for the cache's keys: copies
-    made for another list of operations are never read."""
+    made for another list of operations or by another :data:`TRIM_FORMAT` are never read."""
     listed = sorted((s, sorted(ops)) for s, ops in CLIENT_OPERATIONS.items())
-    return hashlib.sha256(repr(("no documentation", listed)).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr((TRIM_FORMAT, listed)).encode()).hexdigest()[:16]
 
 
 def explain_missing_operation(client: Any, name: str) -> None:
@@ -144,14 +166,17 @@ def explain_missing_operation(client: Any, name: str) -> None:
     service = client.meta.service_model.service_name
     raise AttributeError(
         f"lancetx's {service} client has no method {name!r}: lancetx builds its clients "
-        f"with only the operations it calls ({', '.join(sorted(CLIENT_OPERATIONS[service]))}). "
+        f"with only the operations it needs ({', '.join(sorted(CLIENT_OPERATIONS[service]))}). "
         "Use your own boto3 client for other operations, or set LANCETX_AWS_MODEL_CACHE=off "
         "for clients with every operation"
     )
 
 
 __all__ = [
+    "BOTOCORE_OPERATIONS",
     "CLIENT_OPERATIONS",
+    "LANCETX_OPERATIONS",
+    "TRIM_FORMAT",
     "explain_missing_operation",
     "only_operations",
     "trim_digest",

@@ -269,7 +269,9 @@ class S3Config:
     def create_client(self, *, legacy_guard: bool = False) -> S3Client:
         """The process's boto3 S3 client for this configuration (built once, then shared
         by every store configured the same way; safe from any thread). With
-        ``legacy_guard`` it is the variant that refuses conditional headers."""
+        ``legacy_guard`` it is the variant that refuses conditional headers. With the AWS
+        model cache on (the default) it has only the operations lancetx needs (see
+        :mod:`lancetx.commit.storage.aws_service_models`)."""
         credentials = {
             "aws_access_key_id": self.access_key_id,
             "aws_secret_access_key": self.secret_access_key,

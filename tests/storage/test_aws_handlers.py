@@ -14,6 +14,7 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore import handlers, xform_name
+from botocore.awsrequest import AWSResponse
 from botocore.hooks import EVENT_ALIASES, EventAliaser, HierarchicalEmitter
 
 from lancetx.commit.storage import aws_clients, aws_handlers
@@ -36,6 +37,8 @@ CALLS: dict[str, dict[str, dict[str, Any]]] = {
             "MaxKeys": 5,
         },
         "CopyObject": {"Bucket": "b", "Key": "t/y", "CopySource": "b/t/a b+c"},
+        "HeadBucket": {"Bucket": "b"},
+        "CreateSession": {"Bucket": "b--usw2-az1--x-s3"},
     },
     "dynamodb": {
         "BatchGetItem": {"RequestItems": {"m": {"Keys": [KEY], "ConsistentRead": True}}},
@@ -53,6 +56,7 @@ CALLS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "DeleteItem": {"TableName": "m", "Key": KEY},
         "DescribeTable": {"TableName": "m"},
+        "DescribeEndpoints": {},
         "GetItem": {"TableName": "m", "Key": KEY, "ConsistentRead": True},
         "PutItem": {
             "TableName": "m",
@@ -96,16 +100,23 @@ def _stop(request: Any, **kwargs: Any) -> None:
     raise Sent(request)
 
 
-def sent(session: Any, service: str, operation: str) -> tuple[Any, ...]:
+def sent(
+    session: Any,
+    service: str,
+    operation: str,
+    params: dict[str, Any] | None = None,
+    *,
+    region: str = "eu-west-1",
+) -> tuple[Any, ...]:
     client = session.create_client(
         service,
-        region_name="eu-west-1",
+        region_name=region,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
     client.meta.events.register("before-send", _stop)
     with pytest.raises(Sent) as stopped:
-        getattr(client, xform_name(operation))(**CALLS[service][operation])
+        getattr(client, xform_name(operation))(**(params or CALLS[service][operation]))
     request = stopped.value.request
     headers = {k.lower(): v for k, v in request.headers.items() if k.lower() not in VARYING}
     body = (
@@ -125,6 +136,20 @@ def test_every_kept_operation_sends_what_botocore_sends(
     for service, calls in CALLS.items():
         for operation in calls:
             assert sent(lean, service, operation) == sent(plain, service, operation), operation
+
+
+def test_an_s3_express_bucket_is_signed_for_as_botocore_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore first asks the bucket for a session (CreateSession) on the same client."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    lean, plain = aws_clients.new_session(), botocore.session.Session()
+    express = {"Bucket": "b--usw2-az1--x-s3", "Key": "k"}
+    first = [
+        sent(session, "s3", "HeadObject", express, region="us-west-2") for session in (lean, plain)
+    ]
+    assert first[0] == first[1]
+    assert first[0][1].endswith("?session")  # the session request went first
 
 
 def test_the_lean_session_registers_only_handlers_that_can_fire(
@@ -217,3 +242,41 @@ def test_with_the_cache_off_the_lean_session_is_botocores(monkeypatch: pytest.Mo
             == list(botocore.session.Session()._original_handler._handlers.prefix_search(event))
             != []
         )
+
+
+class _Raw:
+    """A response body botocore can stream (empty)."""
+
+    def stream(self, **kwargs: Any) -> Any:
+        yield b""
+
+
+def test_a_redirect_without_a_region_is_followed_as_botocore_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An S3 error naming no region makes botocore's redirector ask HeadBucket (S3-compatible
+    stores and proxies answer so): the lean client must send it too, and raise the same
+    ClientError, not an AttributeError."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+
+    def outcome(session: Any) -> tuple[list[str], str]:
+        client = session.create_client(
+            "s3",
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        seen: list[str] = []
+
+        def answer(request: Any, **kwargs: Any) -> AWSResponse:
+            seen.append(f"{request.method} {request.url}")
+            return AWSResponse(request.url, 400, {}, _Raw())
+
+        client.meta.events.register("before-send", answer)
+        with pytest.raises(Exception) as raised:
+            client.head_object(Bucket="mybucket", Key="k")
+        return seen, type(raised.value).__name__
+
+    lean = outcome(aws_clients.new_session())
+    assert lean == outcome(botocore.session.Session())
+    assert lean[1] == "ClientError" and any("HEAD" in s and s.endswith(".com/") for s in lean[0])

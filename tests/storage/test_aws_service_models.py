@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import botocore
 import botocore.session
 import pytest
 from botocore import xform_name
@@ -70,6 +71,37 @@ def test_every_operation_the_library_names_is_kept() -> None:
         if key[1] not in CLIENT_OPERATIONS[key[0]] and where - set(OWN_CLIENTS.get(key, ()))
     }
     assert missing == {}, "add these to CLIENT_OPERATIONS (aws_service_models.py)"
+
+
+def test_every_operation_botocore_calls_on_a_client_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore calls some operations itself: S3's region redirector (HeadBucket), S3
+    Express One Zone (CreateSession), DynamoDB's endpoint discovery (the model's
+    endpoint operation). A trimmed client must still have them."""
+    operations = {
+        service: {xform_name(name): name for name in full_model(service)["operations"]}
+        for service in CLIENT_OPERATIONS
+    }
+    called: set[tuple[str, str]] = set()
+    for path in Path(botocore.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                for service, ops in operations.items():
+                    if node.func.attr in ops:
+                        called.add((service, ops[node.func.attr]))
+    assert ("s3", "HeadBucket") in called  # the scan sees botocore's own calls
+    assert all(op in CLIENT_OPERATIONS[service] for service, op in called), called
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    lean = aws_clients.new_session()
+    for service in CLIENT_OPERATIONS:
+        trimmed = lean.create_client(service, region_name="us-east-1").meta.service_model
+        full = botocore.session.Session().get_service_model(service)
+        discovery = full.endpoint_discovery_operation
+        assert (discovery is None) == (trimmed.endpoint_discovery_operation is None), service
+        if discovery is not None:
+            assert trimmed.endpoint_discovery_operation.name == discovery.name
 
 
 def test_trimmed_clients_have_the_listed_operations_only(

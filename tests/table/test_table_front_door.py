@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,21 @@ def test_local_path(tmp_path: Path) -> None:
     assert pylance_rows(path, None, 3)["id"] == [1, 2, 3, 4]
     assert [h.committer for h in lancetx.open(path).history()] == ["lancetx"] * 3
     assert lancetx.open(path, version=1).to_table().num_rows == 3
+
+
+def test_refresh_after_the_table_was_deleted_and_written_again_reads_the_new_manifest(
+    tmp_path: Path,
+) -> None:
+    """The new table has the held version's number again: its manifest is not the held one."""
+    path = str(tmp_path / "t.lance")
+    lancetx.write_table(path, pa.table({"a": [1, 2, 3]}))
+    table = lancetx.open(path)
+    shutil.rmtree(path)
+    lancetx.write_table(path, pa.table({"b": ["x"]}))
+    assert table.refresh().version == 1
+    assert table.schema.names == ["b"]
+    table.append(pa.table({"b": ["y"]}))
+    assert sorted(table.to_table()["b"].to_pylist()) == ["x", "y"]
 
 
 def test_s3_with_conditional_put(aws: EmbeddedAws, bucket: str) -> None:
