@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from protocol_helpers import ServerLog, batch, ddb_uri, ensure_ddb_table, pylance_create
@@ -20,7 +21,7 @@ from test_dynamodb_store import Faults, ddb_error
 from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.externalstore import demo
-from lancetx.externalstore.connect import connect
+from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb import clear_validation_cache
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedResponse
 from lancetx.externalstore.moved import TableMovedError, record_moved
@@ -43,36 +44,47 @@ def forget() -> None:
     forget_denials()
 
 
+@dataclass
+class Checked:
+    """A pylance-created ``s3+ddb://`` table, seen as by a fresh process."""
+
+    aws: EmbeddedAws
+    uri: str
+    options: dict[str, str]
+    table: str
+
+    def connect(self) -> TableConnection:
+        return connect(self.uri, self.options)
+
+    def faults(self) -> Faults:
+        """Faults injected into the table's DynamoDB requests from now on (counted from now)."""
+        return Faults(self.aws, self.table)
+
+
 @pytest.fixture
-def table_uri(
-    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
-) -> Iterator[tuple[str, dict[str, str]]]:
+def checked(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Iterator[Checked]:
     options = legacy_aws.pylance_storage_options()
     ensure_ddb_table(options, ddb_table_name)
     uri = ddb_uri(bucket, "checks.lance", ddb_table_name)
     pylance_create(uri, options, batch("setup", 0, ROWS))
     forget()  # as in a fresh process
-    yield uri, options
+    yield Checked(legacy_aws, uri, options, ddb_table_name)
     legacy_aws.set_interceptor(None)
     forget()
 
 
 def test_a_denied_batch_get_item_falls_back_to_two_get_items_and_warns_once(
-    legacy_aws: EmbeddedAws,
-    table_uri: tuple[str, dict[str, str]],
-    ddb_table_name: str,
-    caplog: pytest.LogCaptureFixture,
+    checked: Checked, caplog: pytest.LogCaptureFixture
 ) -> None:
-    uri, options = table_uri
-    faults = Faults(legacy_aws, ddb_table_name)
+    faults = checked.faults()
     faults.always("BatchGetItem", ddb_error("AccessDeniedException"))
     with caplog.at_level(logging.WARNING):
-        conn = connect(uri, options)
+        conn = checked.connect()
         assert load_parent(conn.handler, conn.base) is not None
         # Denied BatchGetItem, then the stamp and the moved record one by one.
         assert faults.seen == {"BatchGetItem": 1, "GetItem": 2, "Query": 1}
         clear_stamp_cache()  # the stamp must be read again: not with BatchGetItem
-        again = connect(uri, options)
+        again = checked.connect()
         assert load_parent(again.handler, again.base) is not None
         assert faults.seen == {"BatchGetItem": 1, "GetItem": 4, "Query": 2}
     assert faults.seen["BatchGetItem"] == 1  # asked once per process
@@ -80,40 +92,31 @@ def test_a_denied_batch_get_item_falls_back_to_two_get_items_and_warns_once(
     assert len(warnings) == 1 and "lancetx-sync iam-policy" in warnings[0].getMessage()
 
 
-def test_a_moved_table_is_refused_from_the_batch_read(
-    table_uri: tuple[str, dict[str, str]],
-) -> None:
-    uri, options = table_uri
-    conn = connect(uri, options)
+def test_a_moved_table_is_refused_from_the_batch_read(checked: Checked) -> None:
+    conn = checked.connect()
     record_moved(conn.handler.entries, conn.base, "s3://elsewhere/t.lance")  # type: ignore[attr-defined]
-    fresh = connect(uri, options)
+    fresh = checked.connect()
     with pytest.raises(TableMovedError, match=r"s3://elsewhere/t\.lance"):
         load_parent(fresh.handler, fresh.base)
 
 
-def test_a_newer_stamp_is_refused_from_the_batch_read(
-    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]], ddb_table_name: str
-) -> None:
-    uri, options = table_uri
-    conn = connect(uri, options)
-    write_stamp(conn.handler.entries.client, ddb_table_name, 99)  # type: ignore[attr-defined]
-    with ServerLog(legacy_aws) as log, pytest.raises(StoreSchemaTooNewError, match="layout 99"):
+def test_a_newer_stamp_is_refused_from_the_batch_read(checked: Checked) -> None:
+    conn = checked.connect()
+    write_stamp(conn.handler.entries.client, checked.table, 99)  # type: ignore[attr-defined]
+    with ServerLog(checked.aws) as log, pytest.raises(StoreSchemaTooNewError, match="layout 99"):
         load_parent(conn.handler, conn.base)
     assert "BatchGetItem" in log.operations()
 
 
-def test_keys_left_unprocessed_are_asked_for_again(
-    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]], ddb_table_name: str
-) -> None:
-    uri, options = table_uri
-    conn = connect(uri, options)
-    write_stamp(conn.handler.entries.client, ddb_table_name, 99)  # type: ignore[attr-defined]
+def test_keys_left_unprocessed_are_asked_for_again(checked: Checked) -> None:
+    conn = checked.connect()
+    write_stamp(conn.handler.entries.client, checked.table, 99)  # type: ignore[attr-defined]
     stamp_key = {"base_uri": {"S": "__lancetx_schema__"}, "version": {"N": "0"}}
     unprocessed = {
-        "Responses": {ddb_table_name: []},
-        "UnprocessedKeys": {ddb_table_name: {"Keys": [stamp_key], "ConsistentRead": True}},
+        "Responses": {checked.table: []},
+        "UnprocessedKeys": {checked.table: {"Keys": [stamp_key], "ConsistentRead": True}},
     }
-    faults = Faults(legacy_aws, ddb_table_name)
+    faults = checked.faults()
     faults.plan(
         "BatchGetItem",
         [
@@ -130,43 +133,35 @@ def test_keys_left_unprocessed_are_asked_for_again(
 
 
 def test_a_describe_table_that_cannot_be_made_does_not_fail_the_first_write(
-    legacy_aws: EmbeddedAws,
-    table_uri: tuple[str, dict[str, str]],
-    ddb_table_name: str,
-    caplog: pytest.LogCaptureFixture,
+    checked: Checked, caplog: pytest.LogCaptureFixture
 ) -> None:
-    uri, options = table_uri
-    conn = connect(uri, options)
+    conn = checked.connect()
     parent = load_parent(conn.handler, conn.base)
-    faults = Faults(legacy_aws, ddb_table_name)
+    faults = checked.faults()
     faults.always("DescribeTable", ddb_error("InternalServerError", 500))
     with caplog.at_level(logging.WARNING):
         held = demo.lancetx_append(conn, batch("w", 0, ROWS), parent)  # landed: no error
     assert held.version == 2
     assert faults.seen["DescribeTable"] >= 1
     assert any("will check again" in r.getMessage() for r in caplog.records)
-    legacy_aws.set_interceptor(None)
+    checked.aws.set_interceptor(None)
     seen = faults.seen["DescribeTable"]
-    with ServerLog(legacy_aws) as log:
+    with ServerLog(checked.aws) as log:
         demo.lancetx_append(conn, batch("w", 1, ROWS), held)
         assert log.operations().count("DescribeTable") == 1  # checked at the next write
     assert faults.seen["DescribeTable"] == seen
 
 
 def test_a_claim_that_landed_is_not_reported_failed_because_its_check_could_not_be_made(
-    legacy_aws: EmbeddedAws,
-    table_uri: tuple[str, dict[str, str]],
-    ddb_table_name: str,
-    caplog: pytest.LogCaptureFixture,
+    checked: Checked, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A fresh connection whose first use is a claim (its parent came from elsewhere):
     # the moved-record check beside it cannot be made (500s). The claim landed, so
     # the commit must come back as committed — reporting it failed would make the
     # caller clean up its transaction file and commit the same rows again.
-    uri, options = table_uri
-    parent = load_parent(connect(uri, options).handler, connect(uri, options).base)
-    fresh = connect(uri, options)
-    faults = Faults(legacy_aws, ddb_table_name)
+    parent = load_parent(checked.connect().handler, checked.connect().base)
+    fresh = checked.connect()
+    faults = checked.faults()
     faults.always("GetItem", ddb_error("InternalServerError", 500))
     faults.always("BatchGetItem", ddb_error("InternalServerError", 500))
     with caplog.at_level(logging.WARNING):
@@ -174,8 +169,8 @@ def test_a_claim_that_landed_is_not_reported_failed_because_its_check_could_not_
     assert held.version == 2
     assert faults.seen["GetItem"] + faults.seen["BatchGetItem"] >= 1  # it did try
     assert any("will check again" in r.getMessage() for r in caplog.records)
-    legacy_aws.set_interceptor(None)
-    with ServerLog(legacy_aws) as log:
+    checked.aws.set_interceptor(None)
+    with ServerLog(checked.aws) as log:
         assert load_parent(fresh.handler, fresh.base).version == 2  # type: ignore[union-attr]
         ops = log.operations()
     assert "GetItem" in ops or "BatchGetItem" in ops  # checked again at the next use
