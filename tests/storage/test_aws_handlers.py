@@ -21,6 +21,7 @@ from lancetx.commit.storage import aws_clients, aws_handlers
 from lancetx.commit.storage.aws_handlers import is_kept
 from lancetx.commit.storage.aws_model_cache import CACHE_ENV
 from lancetx.commit.storage.aws_service_models import CLIENT_OPERATIONS
+from lancetx.externalstore.dynamodb import create_table_request
 
 KEY = {"base_uri": {"S": "s3://b/t.lance"}, "version": {"N": "7"}}
 #: One call of each operation lancetx's clients keep, with the parameters lancetx uses.
@@ -42,18 +43,7 @@ CALLS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "dynamodb": {
         "BatchGetItem": {"RequestItems": {"m": {"Keys": [KEY], "ConsistentRead": True}}},
-        "CreateTable": {
-            "TableName": "m",
-            "KeySchema": [
-                {"AttributeName": "base_uri", "KeyType": "HASH"},
-                {"AttributeName": "version", "KeyType": "RANGE"},
-            ],
-            "AttributeDefinitions": [
-                {"AttributeName": "base_uri", "AttributeType": "S"},
-                {"AttributeName": "version", "AttributeType": "N"},
-            ],
-            "BillingMode": "PAY_PER_REQUEST",
-        },
+        "CreateTable": create_table_request("m"),
         "DeleteItem": {"TableName": "m", "Key": KEY},
         "DescribeTable": {"TableName": "m"},
         "DescribeEndpoints": {},
