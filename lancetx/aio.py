@@ -18,11 +18,10 @@ them; ``async with table:`` (or ``await table.aclose()``) closes them.
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -33,8 +32,6 @@ from lancetx.commit.engine.committer import (
     load_parent,
     load_parent_async,
 )
-from lancetx.commit.engine.operations import Transaction
-from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
 from lancetx.commit.storage.s3store import S3Config
@@ -56,7 +53,6 @@ from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig
 from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.multi_table import DEFAULT_RETRY
 from lancetx.externalstore.uri import parse_ddb_uri
 from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
@@ -68,7 +64,8 @@ from lancetx.writer import AsyncTableWriter, TableWriter
 if TYPE_CHECKING:
     from lance import LanceDataset
 
-K = TypeVar("K", bound=Hashable)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @asynccontextmanager
@@ -392,33 +389,22 @@ async def commit_fragments(
     return await run_verb_async(state, *verb)
 
 
-async def commit_many(
-    transactions: Mapping[K, Transaction],
-    *,
-    expected_versions: Mapping[K, int] | Mapping[str, int] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    commit_message: str | None = None,
-    properties: Mapping[str, str] | None = None,
-    retry: RetryPolicy = DEFAULT_RETRY,
-) -> dict[K, int]:
-    """The async :func:`lancetx.commit_many`: one transaction per table, all or nothing.
+def _on_a_thread(blocking: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    async def on_a_thread(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(blocking, *args, **kwargs)
 
-    Keys are table URIs or tables (:class:`AsyncTable` as well as :class:`lancetx.Table`).
-    The commit is the synchronous one, run on a worker thread so the event loop stays
-    free: preparing each table is pylance's synchronous work anyway, and the claim is
-    one DynamoDB ``TransactWriteItems``. Raises what :func:`lancetx.commit_many` raises.
-    """
-    return await asyncio.to_thread(
-        functools.partial(
-            commit_many_sync,
-            transactions,
-            expected_versions=expected_versions,
-            storage_options=storage_options,
-            commit_message=commit_message,
-            properties=properties,
-            retry=retry,
-        )
-    )
+    return on_a_thread
+
+
+commit_many = _on_a_thread(commit_many_sync)
+commit_many.__doc__ = """The async :func:`lancetx.commit_many` (same arguments): one transaction
+per table, all or nothing.
+
+Keys are table URIs or tables (:class:`AsyncTable` as well as :class:`lancetx.Table`). The
+commit is the synchronous one, run on a worker thread so the event loop stays free:
+preparing each table is pylance's synchronous work anyway, and the claim is one DynamoDB
+``TransactWriteItems``. Raises what :func:`lancetx.commit_many` raises.
+"""
 
 
 __all__ = [
