@@ -13,11 +13,14 @@ also instead of the request's own error, which it usually explains. A check that
 passed is not repeated for the connection; one that failed (or could not be made, e.g.
 throttled) is made again at the next use.
 
-A check beside a *write* must not turn a write that landed into an error that says
-it did not: such a :class:`Preflight` is given the ``verdicts``, the errors that
-mean "this result must not be used" (e.g. the table has another layout); any other
-error of a check (throttled, unreachable) is logged, leaves the action's own outcome
-alone and the check is made again at the next use.
+A *write* (a claim, finishing it) is not run beside the checks but after them:
+a claim that landed on a table a check refuses (migrated off DynamoDB, stamped by a
+newer lancetx) would be finalized into that table by its next ``s3+ddb://`` reader.
+So the write waits one round trip more, on the rare connection whose first use is a
+write (its parent came from elsewhere). Only the ``write_verdicts`` (the errors that
+mean "do not write here") stop it, before anything is sent; any other error of a
+check (throttled, unreachable) is logged, the write goes ahead, and the check is made
+again at the next use.
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ class Preflight:
     def beside(self, action: Callable[[], T], *, write: bool = False) -> T:
         """``action()``, with the checks running beside it until they have passed once.
 
-        Raises a check's error, if one fails, in place of the action's result or error;
-        for a ``write`` (it may have landed), only a ``write_verdicts`` error does.
+        Raises a check's error, if one fails, in place of the action's result or error.
+        A ``write`` is not run beside the checks but after them: a ``write_verdicts``
+        error is raised before anything is written; any other failure of a check (it
+        could not be made) is logged, and the write goes ahead.
         """
         if self._passed:
             return action()
@@ -72,13 +77,18 @@ class Preflight:
                 pending = self._pending = [_start(check) for check in self._checks]
         if pending is None:
             return action()
-        verdicts = self._write_verdicts if write else self._verdicts
+        if write:
+            # A write waits for the checks: a claim that landed on a table a check
+            # refuses (moved, a newer store) would be finalized into it by the next
+            # reader. A check that could not be made is logged and made again later.
+            self._settle(pending, self._write_verdicts)
+            return action()
         try:
             result = action()
         except BaseException:
-            self._settle(pending, verdicts)
+            self._settle(pending, self._verdicts)
             raise
-        self._settle(pending, verdicts)
+        self._settle(pending, self._verdicts)
         return result
 
     def _settle(

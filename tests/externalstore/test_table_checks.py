@@ -100,6 +100,22 @@ def test_a_moved_table_is_refused_from_the_batch_read(checked: Checked) -> None:
         load_parent(fresh.handler, fresh.base)
 
 
+def test_a_claim_that_is_a_connections_first_use_is_not_sent_to_a_moved_table(
+    checked: Checked,
+) -> None:
+    """The checks run beside a read, but a claim waits for them: a claim that landed on a
+    moved table would be finalized into it by the next s3+ddb:// reader."""
+    parent = load_parent(checked.connect().handler, checked.connect().base)
+    conn = checked.connect()
+    record_moved(conn.handler.entries, conn.base, "s3://elsewhere/t.lance")  # type: ignore[attr-defined]
+    fresh = checked.connect()  # its first use is the claim: the parent came from elsewhere
+    with ServerLog(checked.aws) as log, pytest.raises(TableMovedError):
+        demo.lancetx_append(fresh, batch("w", 0, ROWS), parent)
+    assert "PutItem" not in log.operations()  # no claim was sent
+    entries = fresh.handler.entries  # type: ignore[attr-defined]
+    assert [e.version for e in entries.list_entries(fresh.base)] == [1]
+
+
 def test_a_newer_stamp_is_refused_from_the_batch_read(checked: Checked) -> None:
     conn = checked.connect()
     write_stamp(conn.handler.entries.client, checked.table, 99)  # type: ignore[attr-defined]
