@@ -200,11 +200,13 @@ class ExternalStoreCommitHandler(CommitHandler):
     def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
         self._queue.call(lambda: self.entries.end_turn(base, ticket, version), base, self.entries)
 
-    def _run(self, steps: Steps[T], base: str, *, write: bool = False) -> T:
+    def _run(self, steps: Steps[T], base: str, *, write: bool = False, checked: bool = True) -> T:
         def action() -> T:
             return run(_explained(steps, base, self.store, self.entries), self.store, self.entries)
 
-        return action() if self.preflight is None else self.preflight.beside(action, write=write)
+        if self.preflight is None or not checked:
+            return action()
+        return self.preflight.beside(action, write=write)
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.
@@ -252,9 +254,8 @@ class ExternalStoreCommitHandler(CommitHandler):
         """
         table = _table(base)
         summary, serve_after = _with_ticket(summary, ticket)
-        # A claim may land even when a check beside it could not be made (throttled):
-        # only a real verdict (another layout, a moved table…) may replace its outcome,
-        # or that of finishing it.
+        # The claim waits for the table's checks (see Preflight.beside); finishing a
+        # claim that landed is never refused, or its outcome replaced, by a check.
         staged = self._run(
             claim_steps(
                 table, version, scheme, manifest, committer=self.committer, summary=summary
@@ -267,7 +268,7 @@ class ExternalStoreCommitHandler(CommitHandler):
                 self.end_turn(base, serve_after, version)
             except Exception as exc:  # the claim is won: finishing it comes first
                 self._queue.failed(exc, base, self.entries)
-        outcome = self._run(finish_steps(staged, scheme), base, write=True)
+        outcome = self._run(finish_steps(staged, scheme), base, checked=False)
         self.last_outcome = outcome
         return outcome.location
 

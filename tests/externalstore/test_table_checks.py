@@ -19,11 +19,13 @@ from protocol_helpers import ServerLog, batch, ddb_uri, ensure_ddb_table, pylanc
 from test_dynamodb_store import Faults, ddb_error
 
 from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.format.naming import transaction_key
+from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.externalstore import demo
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb import clear_validation_cache
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedResponse
+from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.moved import TableMovedError, record_moved
 from lancetx.externalstore.store_schema import (
     StoreSchemaTooNewError,
@@ -114,6 +116,37 @@ def test_a_claim_that_is_a_connections_first_use_is_not_sent_to_a_moved_table(
     assert "PutItem" not in log.operations()  # no claim was sent
     entries = fresh.handler.entries  # type: ignore[attr-defined]
     assert [e.version for e in entries.list_entries(fresh.base)] == [1]
+
+
+def test_a_verdict_that_arrives_after_the_claim_landed_does_not_undo_it(
+    checked: Checked,
+) -> None:
+    """The checks could not be made before the claim (500s), so it went ahead; when they
+    can be made again the table turns out moved. The claim has landed by then: its
+    finishing is not refused, and its transaction file is not discarded."""
+    parent = load_parent(checked.connect().handler, checked.connect().base)
+    conn = checked.connect()
+    record_moved(conn.handler.entries, conn.base, "s3://elsewhere/t.lance")  # type: ignore[attr-defined]
+    forget()
+    claimed: list[str] = []
+
+    def checks_fail_until_a_claim(request: InterceptedRequest) -> InterceptedResponse | None:
+        if request.service == "dynamodb" and request.target == "PutItem":
+            claimed.append(request.target)
+        checking = request.target in ("BatchGetItem", "GetItem")
+        if request.service == "dynamodb" and checking and not claimed:
+            return ddb_error("InternalServerError", 500)
+        return None
+
+    checked.aws.set_interceptor(checks_fail_until_a_claim)
+    fresh = checked.connect()
+    held = demo.lancetx_append(fresh, batch("w", 0, ROWS), parent)
+    assert held.version == 2
+    checked.aws.set_interceptor(None)
+    txn = transaction_key(fresh.base, transaction_file_name(held.transaction.to_proto()))
+    assert fresh.handler.store.head(txn).size > 0  # kept: version 2 refers to it
+    with pytest.raises(TableMovedError):  # the next use is refused
+        load_parent(fresh.handler, fresh.base)
 
 
 def test_a_newer_stamp_is_refused_from_the_batch_read(checked: Checked) -> None:
