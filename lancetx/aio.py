@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from lancetx.arguments import checked, checked_methods
 from lancetx.commit.engine.committer import (
     commit_transaction,
     commit_transaction_async,
@@ -246,6 +247,7 @@ async def _drive(
             error = exc
 
 
+@checked_methods
 class AsyncTable(TableVerbs[Awaitable[int]]):
     """:class:`lancetx.Table` for asyncio: every verb returns an awaitable of the
     committed version; reads are coroutines too. Obtain one with :func:`open` or
@@ -387,6 +389,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return await asyncio.to_thread(self._sync.find_idempotency_key, key)
 
 
+@checked
 async def open(
     uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | None = None
 ) -> AsyncTable:
@@ -401,6 +404,7 @@ async def open(
 connect = open
 
 
+@checked
 async def write_table(
     uri: str,
     data: Any,
@@ -440,6 +444,7 @@ async def write_table(
     return table
 
 
+@checked
 async def commit_fragments(
     uri: str,
     fragments: Iterable[Any],
