@@ -41,6 +41,7 @@ from lancetx.externalstore.dynamodb import (
     get_plan,
     latest_plan,
     list_plan,
+    mark_default_region,
     put_all_if_not_exists_plan,
     put_if_exists_plan,
     put_if_not_exists_plan,
@@ -84,11 +85,34 @@ def open_client(config: DynamoDBConfig | None = None) -> AbstractAsyncContextMan
     config = config or DynamoDBConfig.from_options()
     session = aioboto3.Session(profile_name=config.profile)
     kwargs = config.client_kwargs(session.region_name, config_class=AioConfig)
-    # aiobotocore's own context manager, not an async generator wrapping it: an event
-    # loop closes every async generator still open when it shuts down, all at once,
-    # and one nested in another's cleanup then fails ("aclose(): asynchronous
-    # generator is already running") — see lancetx.aio.
-    return cast(AbstractAsyncContextManager[Any], session.client("dynamodb", **kwargs))
+    # A class, not an async generator: an event loop closes every async generator
+    # still open when it shuts down, all at once, and one nested in another's cleanup
+    # then fails ("aclose(): asynchronous generator is already running"; lancetx.aio).
+    return _ClientContext(
+        session.client("dynamodb", **kwargs), not (config.region or session.region_name)
+    )
+
+
+class _ClientContext:
+    """aiobotocore's client context, noting on the client a region nobody configured."""
+
+    def __init__(self, inner: AbstractAsyncContextManager[Any], default_region: bool) -> None:
+        self._inner = inner
+        self._default_region = default_region
+
+    async def __aenter__(self) -> Any:
+        client = await self._inner.__aenter__()
+        if self._default_region:
+            mark_default_region(client)
+        return client
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._inner.__aexit__(exc_type, exc, tb)
 
 
 S = TypeVar("S", bound="AsyncDynamoDBManifestStore")
