@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -139,7 +139,7 @@ class _LeftOpen:
         self.stacks: dict[int, AsyncExitStack] = {}
         self.closer: Any = None
 
-    async def close_all(self) -> AsyncIterator[None]:
+    async def close_all(self) -> AsyncGenerator[None, None]:
         try:
             yield
         finally:

@@ -81,6 +81,31 @@ def can_import_package(python: str) -> bool:
     return done.returncode == 0
 
 
+def _make_discoverable() -> None:
+    """Spark's lookup lists top-level modules with ``pkgutil.iter_modules()``, which does
+    not see a package an editable install serves through an import hook (outside the
+    checkout it is importable, yet not listed). Then the folder holding it goes on the
+    workers' ``PYTHONPATH``."""
+    import importlib.util
+    import pkgutil
+
+    if any(info.name == "pyspark_lancetx" for info in pkgutil.iter_modules()):
+        return
+    spec = importlib.util.find_spec("pyspark_lancetx")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        return
+    folder = os.path.dirname(os.path.abspath(locations[0]))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if folder not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, folder])
+        log.info(
+            "pyspark_lancetx is an editable install Spark's data-source lookup cannot list: "
+            "added %s to PYTHONPATH for the Python workers",
+            folder,
+        )
+
+
 def _active_session() -> Any:
     """The driver's SparkSession, if pyspark is loaded and one exists (never imports pyspark)."""
     module = sys.modules.get("pyspark.sql.session")
@@ -139,14 +164,21 @@ def _prepare() -> None:
         return
     session = _active_session()
     if session is None:
-        if os.environ.get("PYSPARK_PYTHON") or can_import_package("python3"):
-            return
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        log.info(
-            "PYSPARK_PYTHON was not set and python3 on PATH cannot import pyspark_lancetx: "
-            "Spark sessions started from now on run their Python workers with %s",
-            sys.executable,
-        )
+        worker = os.environ.get("PYSPARK_PYTHON")
+        if not worker:
+            if can_import_package("python3"):
+                worker = "python3"
+            else:
+                worker = os.environ["PYSPARK_PYTHON"] = sys.executable
+                log.info(
+                    "PYSPARK_PYTHON was not set and python3 on PATH cannot import "
+                    "pyspark_lancetx: Spark sessions started from now on run their Python "
+                    "workers with %s",
+                    sys.executable,
+                )
+        resolved = worker if os.sep in worker else shutil.which(worker)
+        if resolved is not None and _same_interpreter(resolved):
+            _make_discoverable()
         return
     context = session.sparkContext
     if not str(context.master).startswith("local") or can_import_package(context.pythonExec):

@@ -10,8 +10,9 @@ and ``grep``/``cut`` see one finding per line. Object names and every other
 string that comes from a table or a user are printed as text, never as rich
 markup (a key ``data/[/bold]x`` must neither crash nor restyle the output).
 
-Progress bars are drawn only when stderr is a terminal and ``--json`` is off,
-and only once a command has walked more than a few dozen versions or objects.
+Progress bars are drawn on stderr only when stdout and stderr are terminals and
+``--json`` is off, and only once a command has walked more than a few dozen
+versions or objects.
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def progress(as_json: bool, labels: Mapping[str, str]) -> Iterator[Any]:
     bars on a terminal once the walk is longer than :data:`PROGRESS_AFTER` items,
     nothing otherwise. ``labels`` names each kind."""
     console = stderr_console()
-    if as_json or not console.is_terminal:
+    if as_json or not console.is_terminal or not stdout_console().is_terminal:
+        # Piped output (``| cat``, ``> file``) is read later, not watched.
         yield _Silent()
         return
     bars = _Bars(console, labels)

@@ -47,7 +47,7 @@ def attempt(fn):
     try:
         return ["ok", fn()]
     except Exception as exc:
-        return ["error", str(exc)[:3000]]
+        return ["error", str(exc)]
 
 
 def write_and_read():
