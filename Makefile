@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 # Only what the demo runs: pyspark, pylance, moto's S3 and DynamoDB (no linters, no
 # type stubs, no test tools).
 $(DEMO_STAMP): pyproject.toml constraints.txt
-	@echo "make demo: installing lancetx with its [spark,embedded] extras (PySpark, pylance, moto) into $(VENV): about 1-2 minutes and ~700 MB the first time"
+	@echo "make demo: installing lancetx with its [spark,embedded] extras (PySpark, pylance, moto) into $(VENV): ~1.2 GB, a few minutes the first time"
 	$(NEW_VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,embedded]'
 	touch $(DEMO_STAMP)

@@ -15,8 +15,9 @@ from spark_helpers import data_files, spark_options
 import lancetx
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
+from pyspark_lancetx import errors as spark_errors
 from pyspark_lancetx import last_commit
-from pyspark_lancetx.errors import SparkOptionError, UnknownSparkOptionError
+from pyspark_lancetx.errors import SparkOptionError
 from pyspark_lancetx.options import ReadOptions, WriteOptions
 
 
@@ -86,7 +87,9 @@ def test_the_parsers_refuse_none_duplicates_and_keep_storage_options() -> None:
         ReadOptions.parse({"path": "/t", "version": None})
     with pytest.raises(SparkOptionError, match=r"also given as 'jobid'"):
         WriteOptions.parse({"path": "/t", "jobid": "a", "job_id": "b"})
-    with pytest.raises(UnknownSparkOptionError, match=r"did you mean storage\.aws_region\?"):
+    with pytest.raises(
+        spark_errors.UnknownSparkOptionError, match=r"did you mean storage\.aws_region\?"
+    ):
         WriteOptions.parse({"path": "/t", "storag.aws_region": "eu-west-1"})
     parsed = WriteOptions.parse(
         {
