@@ -50,6 +50,7 @@ from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.handlers.interface import Turns
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
+from lancetx.commit.storage.secrets import remember_secrets
 from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
@@ -178,6 +179,10 @@ class DynamoDBConfig:
     read_timeout: float = 10.0
     max_pool_connections: int = 32
     committer: str = DEFAULT_COMMITTER
+
+    def __post_init__(self) -> None:
+        # Messages and logs scrub what they were given (lancetx.commit.storage.secrets).
+        remember_secrets(self.secret_access_key, self.session_token)
 
     @classmethod
     def from_options(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,6 +38,7 @@ from lancetx.commit.errors import (
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
+from lancetx.commit.storage.secrets import is_secret_option, remember_secrets
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -109,8 +110,9 @@ class S3Config:
     endpoint_url: str | None = None
     region: str | None = None
     access_key_id: str | None = None
-    secret_access_key: str | None = None
-    session_token: str | None = None
+    #: Never in the repr (nor in any message): see :mod:`lancetx.commit.storage.secrets`.
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     profile: str | None = None
     #: Total attempts per request, first one included (botocore's default is 3).
     max_attempts: int | None = None
@@ -127,6 +129,7 @@ class S3Config:
     response_checksum_validation: str | None = None
 
     def __post_init__(self) -> None:
+        remember_secrets(self.secret_access_key, self.session_token)
         if self.region is not None and not is_region_name(self.region):
             raise StorageOptionError(f"aws_region={self.region!r} is {NOT_A_REGION}")
         if (self.access_key_id is None) != (self.secret_access_key is None):
@@ -170,6 +173,14 @@ class S3Config:
         def pick(field_name: str, aliases: tuple[str, ...]) -> str | None:
             found = {alias: lowered[alias] for alias in aliases if alias in lowered}
             if len(set(found.values())) > 1:
+                if is_secret_option(field_name):
+                    remember_secrets(*found.values())
+                    raise StorageOptionError(
+                        f"conflicting storage options for the S3 {field_name}: "
+                        + " and ".join(found)
+                        + " are given with different values (not shown: they are secrets); "
+                        "give one of them"
+                    )
                 raise StorageOptionError(
                     f"conflicting storage options for the S3 {field_name}: "
                     + ", ".join(f"{k}={v!r}" for k, v in found.items())
