@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format import naming
+from lancetx.commit.storage.limits import TAG, read_capped
 from lancetx.ops.gc import _referenced_since, readable_manifest_keys
 from lancetx.ops.inventory import (
     LoadedVersion,
@@ -77,7 +78,7 @@ def tagged_versions(table: OpsTable) -> set[int]:
     out: set[int] = set()
     for meta in table.store.list(naming.join(table.base, "_refs", "tags") + "/"):
         try:
-            out.add(int(json.loads(table.store.get(meta.key))["version"]))
+            out.add(int(json.loads(read_capped(table.store, meta.key, TAG))["version"]))
         except (LancetxError, ValueError, KeyError, TypeError):
             log.error("cannot read tag %s; cleanup stops rather than guess", meta.key)
             raise

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.transaction_file import decode_transaction
+from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
@@ -188,7 +189,9 @@ def _named_by_young_transactions(
 
     def read(meta: ObjectMeta) -> set[str]:
         try:
-            txn = decode_transaction(table.store.get(meta.key), path=table.store.uri(meta.key))
+            txn = decode_transaction(
+                read_capped(table.store, meta.key, TRANSACTION), path=table.store.uri(meta.key)
+            )
         except LancetxError:
             return set()  # gone (a writer cleaned up) or not a transaction: names nothing
         return transaction_keys(table.base, txn)
