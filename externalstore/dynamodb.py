@@ -1229,9 +1229,8 @@ class DynamoDBManifestStore(ExternalManifestStore):
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str
     ) -> None:
-        """All versions claimed in one TransactWriteItems, or none
-        (``dynamodb:TransactWriteItems`` must be allowed; it needs ``dynamodb:PutItem``
-        on the table as well)."""
+        """All versions claimed in one TransactWriteItems, or none (it has no IAM
+        action of its own: each Put needs ``dynamodb:PutItem`` on its item's key)."""
         self._write(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
 
     def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
