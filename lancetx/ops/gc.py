@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.transaction_file import decode_transaction
+from lancetx.commit.handlers.probe import PROBE_DIR
 from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
@@ -47,8 +48,10 @@ from lancetx.ops.table import OpsTable
 
 log = logging.getLogger(__name__)
 
-#: Folders gc lists (``_versions/`` separately).
-GC_FOLDERS = ("data", "_deletions", "_transactions")
+#: Folders gc lists (``_versions/`` separately). ``_lancetx_probe/`` holds only probe
+#: objects (doctor's, the conditional-PUT probe's) that could not be deleted: nothing
+#: references them.
+GC_FOLDERS = ("data", "_deletions", "_transactions", PROBE_DIR)
 
 
 class WedgedTableError(LancetxError):
@@ -132,6 +135,7 @@ def collect_garbage(
         "data": "data_file",
         "_deletions": "deletion_file",
         "_transactions": "transaction_file",
+        PROBE_DIR: "probe_object",
     }
     for folder, metas in listed.items():
         for meta in metas:
