@@ -32,6 +32,7 @@ are skipped.
 from __future__ import annotations
 
 import email.utils
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -87,10 +88,13 @@ _KEY_NAMES = {
     MOVED: "its moved record",
     STAMP: "the layout stamp",
 }
-_NEVER = {
-    "ConditionExpression": "#lancetx_v = :lancetx_never",
-    "ExpressionAttributeNames": {"#lancetx_v": "version"},
-    "ExpressionAttributeValues": {":lancetx_never": {"N": "-1"}},
+_NEVER_CONDITION = "#lancetx_v = :lancetx_never"
+_NEVER_NAMES = {"#lancetx_v": "version"}
+_NEVER_VALUES: dict[str, Any] = {":lancetx_never": {"N": "-1"}}
+_NEVER: dict[str, Any] = {
+    "ConditionExpression": _NEVER_CONDITION,
+    "ExpressionAttributeNames": _NEVER_NAMES,
+    "ExpressionAttributeValues": _NEVER_VALUES,
 }
 
 
@@ -329,25 +333,19 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool, role: str) -> list[Che
         probe = _Probe(action, role)
         if action == "dynamodb:GetItem":
             for kind in kinds:
-                probe.run(
-                    where(kind),
-                    lambda k=kind: client.get_item(
-                        TableName=name, Key=key_of(keys[k], PROBE_VERSION), ConsistentRead=True
-                    ),
-                )
+                probe.run(where(kind), _get(client, name, key_of(keys[kind], PROBE_VERSION)))
         elif action == "dynamodb:BatchGetItem":
             # What a connection's checks read in one request: the stamp and moved record.
             batch = [k for k in (STAMP, MOVED) if k in kinds] or kinds[:1]
+            request = {
+                name: {
+                    "Keys": [key_of(keys[k], PROBE_VERSION) for k in batch],
+                    "ConsistentRead": True,
+                }
+            }
             probe.run(
                 ", ".join(where(k) for k in batch),
-                lambda batch=batch: client.batch_get_item(  # type: ignore[misc]
-                    RequestItems={
-                        name: {
-                            "Keys": [key_of(keys[k], PROBE_VERSION) for k in batch],
-                            "ConsistentRead": True,
-                        }
-                    }
-                ),
+                functools.partial(client.batch_get_item, RequestItems=request),
             )
         else:
             probe.run(
@@ -390,6 +388,10 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool, role: str) -> list[Che
     return checks
 
 
+def _get(client: Any, name: str, key: dict[str, Any]) -> Callable[[], Any]:
+    return lambda: client.get_item(TableName=name, Key=key, ConsistentRead=True)
+
+
 def _conditional_write(
     client: Any, name: str, action: str, key: dict[str, Any]
 ) -> Callable[[], Any]:
@@ -402,12 +404,9 @@ def _conditional_write(
             TableName=name,
             Key=key,
             UpdateExpression="SET #lancetx_p = :lancetx_one",
-            ConditionExpression=_NEVER["ConditionExpression"],
-            ExpressionAttributeNames={**_NEVER["ExpressionAttributeNames"], "#lancetx_p": "probe"},
-            ExpressionAttributeValues={
-                **_NEVER["ExpressionAttributeValues"],
-                ":lancetx_one": {"N": "1"},
-            },
+            ConditionExpression=_NEVER_CONDITION,
+            ExpressionAttributeNames={**_NEVER_NAMES, "#lancetx_p": "probe"},
+            ExpressionAttributeValues={**_NEVER_VALUES, ":lancetx_one": {"N": "1"}},
         )
     return lambda: client.delete_item(TableName=name, Key=key, **_NEVER)
 
