@@ -222,10 +222,7 @@ class TableSchemaError(ExternalStoreError):
 
 #: API operations without an IAM action of their own: each part of a transaction is
 #: authorized as the item action it performs (a Put as dynamodb:PutItem, ...).
-_ITEM_BY_ITEM = {
-    "TransactWriteItems": "dynamodb:PutItem",
-    "TransactGetItems": "dynamodb:GetItem",
-}
+_ITEM_BY_ITEM = {"TransactWriteItems": "dynamodb:PutItem"}
 
 
 def iam_action_of(operation: str) -> str:
