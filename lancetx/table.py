@@ -519,6 +519,23 @@ class MergeInsertBuilder(Generic[R]):
         self._spec.not_matched_by_source_condition = expr
         return self
 
+    def conflict_on_inserted_keys(self) -> MergeInsertBuilder[R]:
+        """Keep the ``on`` key unique under concurrency, as for a primary key.
+
+        The commit records the keys this merge may insert, so a concurrent merge
+        inserting one of them (or an append, or an update that records no keys)
+        makes this commit a retryable conflict: it plans again on the new version,
+        where the key now exists, and updates that row instead of inserting a
+        second one. On the table's unenforced primary key (field metadata
+        ``lance-schema:unenforced-primary-key``) this is always on, as in pylance.
+        Rows whose key has a null are inserted by every merge and are not part of
+        the unique set. Only merges that record their keys are checked against
+        each other: a writer that merges on this key without them can still
+        insert a duplicate.
+        """
+        self._spec.conflict_on_inserted_keys = True
+        return self
+
     def plan(self, data: Any, schema: pa.Schema | None = None) -> Plan:
         return plan_merge_insert(self._spec, materialize(self._table.uri, data, schema))
 

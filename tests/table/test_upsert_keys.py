@@ -89,8 +89,8 @@ def race(jobs: list[Callable[[], Any]]) -> list[Any]:
 
 
 def upsert(table: Any, data: pa.Table, on: str | list[str] = "id") -> Any:
-    return table.merge_insert(on).when_matched_update_all().when_not_matched_insert_all().execute(
-        data
+    return (
+        table.merge_insert(on).when_matched_update_all().when_not_matched_insert_all().execute(data)
     )
 
 
