@@ -146,20 +146,62 @@ def _np_rotl(x: np.ndarray, r: int) -> np.ndarray:
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
-def xxh64_of_u64(values: np.ndarray) -> np.ndarray:
-    """XXH64 (seed 0) of each value's 8 little-endian bytes, for a whole array at once
+def _np_round(acc: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    return _np_rotl(acc + lane * np.uint64(_P2), 31) * np.uint64(_P1)
+
+
+def _np_words(rows: np.ndarray, p: int, width: int) -> np.ndarray:
+    """The little-endian ``width``-byte word at byte ``p`` of every row, as uint64."""
+    chunk = np.ascontiguousarray(rows[:, p : p + width])
+    return chunk.view("<u8" if width == 8 else "<u4").reshape(-1).astype(np.uint64)
+
+
+def xxh64_rows(rows: np.ndarray) -> np.ndarray:
+    """XXH64 (seed 0) of every row of an ``(n, length)`` uint8 array, all rows at once
     (numpy's uint64 arithmetic wraps, as the hash's does)."""
+    n, length = rows.shape
+    p = 0
     with np.errstate(over="ignore"):
-        x = values.astype("<u8", copy=False).view(np.uint64)
-        lane = _np_rotl(x * np.uint64(_P2), 31) * np.uint64(_P1)
-        h = np.full_like(x, np.uint64((_P5 + 8) & _M64)) ^ lane
-        h = _np_rotl(h, 27) * np.uint64(_P1) + np.uint64(_P4)
+        if length >= 32:
+            v = [
+                np.full(n, (_P1 + _P2) & _M64, np.uint64),
+                np.full(n, _P2, np.uint64),
+                np.zeros(n, np.uint64),
+                np.full(n, (-_P1) & _M64, np.uint64),
+            ]
+            while p + 32 <= length:
+                v = [_np_round(v[i], _np_words(rows, p + 8 * i, 8)) for i in range(4)]
+                p += 32
+            h = _np_rotl(v[0], 1) + _np_rotl(v[1], 7) + _np_rotl(v[2], 12) + _np_rotl(v[3], 18)
+            for lane in v:
+                h = (h ^ _np_round(np.zeros(n, np.uint64), lane)) * np.uint64(_P1) + np.uint64(_P4)
+        else:
+            h = np.full(n, _P5, np.uint64)
+        h = h + np.uint64(length)
+        while p + 8 <= length:
+            lane = _np_round(np.zeros(n, np.uint64), _np_words(rows, p, 8))
+            h = _np_rotl(h ^ lane, 27) * np.uint64(_P1) + np.uint64(_P4)
+            p += 8
+        if p + 4 <= length:
+            h ^= _np_words(rows, p, 4) * np.uint64(_P1)
+            h = _np_rotl(h, 23) * np.uint64(_P2) + np.uint64(_P3)
+            p += 4
+        while p < length:
+            h ^= rows[:, p].astype(np.uint64) * np.uint64(_P5)
+            h = _np_rotl(h, 11) * np.uint64(_P1)
+            p += 1
         h ^= h >> np.uint64(33)
         h *= np.uint64(_P2)
         h ^= h >> np.uint64(29)
         h *= np.uint64(_P3)
         h ^= h >> np.uint64(32)
     return h
+
+
+def xxh64_of_u64(values: np.ndarray) -> np.ndarray:
+    """XXH64 (seed 0) of each value's 8 little-endian bytes."""
+    raw = np.ascontiguousarray(values.astype("<u8", copy=False))
+    return xxh64_rows(raw.view(np.uint8).reshape(-1, 8))
 
 
 # ------------------------------------------------------------------------- sizing
@@ -213,78 +255,91 @@ class UnhashableKeyError(TypeError):
     """A key column whose type has no byte encoding here (the filter becomes full)."""
 
 
-def _column_bytes(column: pa.ChunkedArray) -> list[bytes | None]:
-    """Each value's key bytes (None for null): Lance's encoding where Lance has one,
+_BYTES = pa.large_binary()
+
+
+def _fixed_bytes(column: pa.Array, values: np.ndarray) -> pa.Array:
+    """``values`` (one fixed-width little-endian number per row) as binary, null
+    where ``column`` is null."""
+    width = values.dtype.itemsize
+    raw = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), len(values), [None, pa.py_buffer(np.ascontiguousarray(values).tobytes())]
+    ).cast(_BYTES)
+    if column.null_count == 0:
+        return raw
+    return pc.if_else(column.is_null(), pa.scalar(None, _BYTES), raw)
+
+
+def _column_bytes(column: pa.Array) -> pa.Array:
+    """Each value's key bytes (null for null): Lance's encoding where Lance has one,
     ours (equal keys, equal bytes) for the other scalar types."""
     t = column.type
     if pa.types.is_dictionary(t):
         return _column_bytes(column.cast(t.value_type))
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return [None if v is None else v.encode() for v in column.to_pylist()]
     if (
-        pa.types.is_binary(t)
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_binary(t)
         or pa.types.is_large_binary(t)
         or pa.types.is_binary_view(t)
         or pa.types.is_fixed_size_binary(t)
     ):
-        return [None if v is None else bytes(v) for v in column.to_pylist()]
+        return column.cast(_BYTES)
     if pa.types.is_signed_integer(t):
-        return _fixed(column.cast(pa.int64()), "<q")
+        return _fixed_bytes(column, column.cast(pa.int64()).fill_null(0).to_numpy().astype("<i8"))
     if pa.types.is_unsigned_integer(t):
-        return _fixed(column.cast(pa.uint64()), "<Q")
+        return _fixed_bytes(column, column.cast(pa.uint64()).fill_null(0).to_numpy().astype("<u8"))
     if pa.types.is_temporal(t):  # dates, times, timestamps, durations: their integer storage
-        storage = pa.int32() if t.bit_width == 32 else pa.int64()
-        return _fixed(pc.cast(column, storage).cast(pa.int64()), "<q")
+        storage = column.view(pa.int32() if t.bit_width == 32 else pa.int64())
+        return _fixed_bytes(column, storage.cast(pa.int64()).fill_null(0).to_numpy().astype("<i8"))
     if pa.types.is_boolean(t):
-        return [None if v is None else (b"\x01" if v else b"\x00") for v in column.to_pylist()]
+        return _fixed_bytes(column, column.cast(pa.uint8()).fill_null(0).to_numpy().astype("u1"))
     if pa.types.is_floating(t):
-        # -0.0 and 0.0 (and every NaN) share bytes: a join that tells them apart
-        # only loses precision here, never a key.
-        out: list[bytes | None] = []
-        for v in column.cast(pa.float64()).to_pylist():
-            if v is None:
-                out.append(None)
-            else:
-                out.append(struct.pack("<d", math.nan if v != v else v + 0.0))
-        return out
+        # -0.0 and 0.0 (and every NaN) share bytes: a join telling them apart only
+        # makes the filter claim more, never less.
+        values = column.cast(pa.float64()).fill_null(0.0).to_numpy().astype("<f8") + 0.0
+        values[np.isnan(values)] = np.nan
+        return _fixed_bytes(column, values)
     if pa.types.is_decimal(t):
-        return [None if v is None else str(v).encode() for v in column.to_pylist()]
+        return column.cast(pa.string()).cast(_BYTES)
     raise UnhashableKeyError(str(t))
 
 
-def _fixed(column: pa.ChunkedArray, fmt: str) -> list[bytes | None]:
-    pack = struct.Struct(fmt).pack
-    return [None if v is None else pack(v) for v in column.to_pylist()]
+def key_bytes_array(table: pa.Table, columns: Sequence[str]) -> pa.Array:
+    """Each row's key bytes over ``columns`` (in that order) as a binary array, null
+    for a row with a null in any key column. Raises :class:`UnhashableKeyError`
+    for a column type with no encoding (nested types)."""
+    parts = [_column_bytes(table.column(c).combine_chunks()) for c in columns]
+    if len(parts) == 1:
+        return parts[0]
+    # Each part followed by a zero byte: the parts joined by b"\0" after an empty last part.
+    empty, zero = pa.scalar(b"", _BYTES), pa.scalar(b"\x00", _BYTES)
+    return pc.binary_join_element_wise(*parts, empty, zero)
 
 
 def key_bytes(table: pa.Table, columns: Sequence[str]) -> list[bytes | None]:
-    """Each row's key bytes over ``columns`` (in that order), None for a row with a
-    null in any key column. Raises :class:`UnhashableKeyError` for a column type
-    with no encoding (nested types)."""
-    parts = [_column_bytes(table.column(c)) for c in columns]
-    if len(parts) == 1:
-        return parts[0]
-    out: list[bytes | None] = []
-    for values in zip(*parts, strict=True):
-        if any(v is None for v in values):
-            out.append(None)
-        else:
-            out.append(b"".join(v + b"\x00" for v in values if v is not None))
-    return out
+    """:func:`key_bytes_array` as Python bytes (for tests and messages)."""
+    return key_bytes_array(table, columns).to_pylist()  # type: ignore[no-any-return]
 
 
 def key_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     """XXH64 of every non-null key of ``table`` over ``columns`` (uint64 array)."""
-    if len(columns) == 1:
-        column = table.column(columns[0])
-        t = column.type
-        if pa.types.is_integer(t) and t.bit_width in (32, 64):
-            wide = column.cast(pa.uint64() if pa.types.is_unsigned_integer(t) else pa.int64())
-            valid = wide.drop_null().to_numpy()
-            return xxh64_of_u64(valid.view(np.uint64))
-    return np.fromiter(
-        (xxh64(b) for b in key_bytes(table, columns) if b is not None), dtype=np.uint64
-    )
+    keys = key_bytes_array(table, columns).drop_null()
+    out = np.empty(len(keys), dtype=np.uint64)
+    if not len(keys):
+        return out
+    lengths = pc.binary_length(keys).to_numpy()
+    for length in np.unique(lengths):
+        index = np.flatnonzero(lengths == length)
+        if length == 0:
+            out[index] = xxh64(b"")
+            continue
+        group = keys.take(pa.array(index))
+        offsets = np.frombuffer(group.buffers()[1], dtype=np.int64, count=len(group) + 1)
+        data = np.frombuffer(group.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+        out[index] = xxh64_rows(data.reshape(len(index), int(length)))
+    return out
 
 
 # ------------------------------------------------------------------------- filter
@@ -350,8 +405,10 @@ __all__ = [
     "blooms_may_share_key",
     "inserted_keys_filter",
     "key_bytes",
+    "key_bytes_array",
     "key_hashes",
     "primary_key_fields",
     "xxh64",
     "xxh64_of_u64",
+    "xxh64_rows",
 ]
