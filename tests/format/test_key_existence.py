@@ -128,7 +128,7 @@ def test_hash_vectors_and_the_vectorized_form_agree() -> None:
     # Keys of every length from 0 to 99, many of each: hashed together per length.
     rnd = random.Random(5)
     keys = [rnd.randbytes(n) for n in range(100) for _ in range(20)] + [b""]
-    hashed = key_hashes(pa.table({"k": pa.array(keys + [None], pa.binary())}), ["k"])
+    hashed = key_hashes(pa.table({"k": pa.array([*keys, None], pa.binary())}), ["k"])
     assert [int(h) for h in hashed] == [xxh64(k) for k in keys]
 
 

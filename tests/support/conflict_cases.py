@@ -38,7 +38,6 @@ from google.protobuf.any_pb2 import Any as AnyPb
 from pyroaring import BitMap
 
 from lancetx.commit.engine.conflicts import ConflictContext, Outcome
-from lancetx.commit.format.key_existence import inserted_keys_filter, xxh64_of_u64
 from lancetx.commit.engine.operations import (
     FRAG_REUSE_INDEX_NAME,
     MEM_WAL_INDEX_NAME,
@@ -71,6 +70,7 @@ from lancetx.commit.engine.operations import (
     UpdateMode,
     update_map,
 )
+from lancetx.commit.format.key_existence import inserted_keys_filter, xxh64_of_u64
 from lancetx.protos import table_pb2, transaction_pb2
 
 C, B, R, N = Outcome.COMPATIBLE, Outcome.REBASE, Outcome.RETRYABLE, Outcome.INCOMPATIBLE

@@ -26,16 +26,25 @@ from table_helpers import Api, api_fixture, ddb_uri
 
 import lancetx
 import lancetx.aio
+from lancetx.commit.format.key_existence import inserted_keys_filter, key_hashes
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.protos import transaction_pb2
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
 
 
-def keyed_schema(key_type: pa.DataType = pa.int64(), *, annotated: bool = True) -> pa.Schema:
+def keyed_schema(
+    key_type: pa.DataType | None = None, *, annotated: bool = True, nullable: bool = False
+) -> pa.Schema:
     return pa.schema(
         [
-            pa.field("id", key_type, nullable=False, metadata=PK if annotated else None),
+            pa.field(
+                "id",
+                key_type or pa.int64(),
+                nullable=nullable,
+                metadata=PK if annotated else None,
+            ),
             pa.field("name", pa.string()),
         ]
     )
@@ -128,3 +137,195 @@ def test_racing_upserts_of_one_new_key_land_one_row(
     name = "first" if loser is first else "second"
     ds = lance.dataset(uri, storage_options=options)
     assert ds.to_table(filter="id = 10")["name"].to_pylist() == [name]
+
+
+ROUNDS = 20
+
+
+def test_twenty_rounds_of_racing_upserts_land_one_row_per_key(
+    uri: str, options: dict[str, str]
+) -> None:
+    """Acceptance: two threads upsert one new key per round, released by a barrier
+    after both Tables know the same latest version; pylance reads one row per key."""
+    schema = keyed_schema()
+    lancetx.write_table(uri, rows([-1], "seed", schema), storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+    replanned = []
+    for r in range(ROUNDS):
+        first.refresh()
+        second.refresh()
+        assert first.version == second.version == 1 + 2 * r
+        race(
+            [
+                lambda r=r: upsert(first, rows([r], f"first-{r}", schema)),
+                lambda r=r: upsert(second, rows([r], f"second-{r}", schema)),
+            ]
+        )
+        plans = sorted([first.last_commit.plans, second.last_commit.plans])
+        assert plans == [1, 2], f"round {r}: plans {plans}"
+        replanned.append("first" if first.last_commit.plans == 2 else "second")
+    table = lance.dataset(uri, storage_options=options).to_table().sort_by("id")
+    assert table["id"].to_pylist() == [-1, *range(ROUNDS)]
+    # Every round's loser updated the winner's row: the loser's value is the one kept.
+    assert table["name"].to_pylist()[1:] == [f"{who}-{r}" for r, who in enumerate(replanned)]
+    assert lance.dataset(uri, storage_options=options).version == 1 + 2 * ROUNDS
+
+
+@pytest.mark.parametrize(
+    ("key_type", "new"),
+    [(pa.string(), ["k-10", "k-11"]), (pa.large_binary(), [b"\x00a", b"\x00b"])],
+    ids=["string", "binary"],
+)
+def test_string_and_binary_keys(
+    uri: str, options: dict[str, str], key_type: pa.DataType, new: list[Any]
+) -> None:
+    schema = keyed_schema(key_type)
+    seed = ["seed"] if pa.types.is_string(key_type) else [b"seed"]
+    lancetx.write_table(uri, rows(seed, "seed", schema), storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+    upsert(first, rows(new, "first", schema))
+    upsert(second, rows(new[::-1], "second", schema))  # planned on version 1 too
+    assert second.last_commit.plans == 2
+    assert pylance_keys(uri, options) == sorted([*seed, *new])
+
+
+def test_a_key_of_two_columns_in_any_order(uri: str, options: dict[str, str]) -> None:
+    """``on`` names the primary key's columns in another order: the filter follows
+    the key's order (as a pylance writer's does), so the two merges compare."""
+    schema = pa.schema(
+        [
+            pa.field("tenant", pa.string(), nullable=False, metadata=PK),
+            pa.field("id", pa.int32(), nullable=False, metadata=PK),
+            pa.field("name", pa.string()),
+        ]
+    )
+
+    def data(name: str) -> pa.Table:
+        return pa.table({"tenant": ["a", "b"], "id": [1, 1], "name": [name] * 2}, schema=schema)
+
+    seed = pa.table({"tenant": ["a"], "id": [0], "name": ["seed"]}, schema=schema)
+    lancetx.write_table(uri, seed, storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+    upsert(first, data("first"), on=["tenant", "id"])
+    upsert(second, data("second"), on=["id", "tenant"])
+    assert second.last_commit.plans == 2
+    got = (
+        lance.dataset(uri, storage_options=options)
+        .to_table()
+        .sort_by([("tenant", "ascending"), ("id", "ascending")])
+    )
+    assert got.to_pydict() == {
+        "tenant": ["a", "a", "b"],
+        "id": [0, 1, 1],
+        "name": ["seed", "second", "second"],
+    }
+
+
+def test_disjoint_new_keys_do_not_replan(uri: str, options: dict[str, str]) -> None:
+    schema = keyed_schema()
+    lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+    upsert(first, rows(list(range(1, 301)), "first", schema))
+    upsert(second, rows(list(range(1001, 1301)), "second", schema))
+    assert second.last_commit.plans == 1
+    assert pylance_keys(uri, options) == [0, *range(1, 301), *range(1001, 1301)]
+
+
+def test_without_the_annotation_the_key_is_not_checked(uri: str, options: dict[str, str]) -> None:
+    """What pylance does too: on a key that is not the primary key, racing inserts
+    of one key both land, unless the merge asks for the check."""
+    schema = keyed_schema(annotated=False)
+    lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+    upsert(first, rows([5], "first", schema))
+    upsert(second, rows([5], "second", schema))
+    assert pylance_keys(uri, options) == [0, 5, 5]
+
+
+def test_conflict_on_inserted_keys_checks_any_key(
+    api: Api, uri: str, options: dict[str, str]
+) -> None:
+    schema = keyed_schema(annotated=False)
+    api.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    first, second = api.open(uri, options), api.open(uri, options)
+
+    def checked(table: Any, data: pa.Table) -> Any:
+        return (
+            table.merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .conflict_on_inserted_keys()
+            .execute(data)
+        )
+
+    api.run(checked(first, rows([5, 6], "first", schema)))
+    api.run(checked(second, rows([6, 7], "second", schema)))
+    assert second.last_commit.plans == 2
+    assert pylance_keys(uri, options) == [0, 5, 6, 7]
+
+
+def test_null_keys_are_inserted_by_every_merge(uri: str, options: dict[str, str]) -> None:
+    """A null never matches, so each merge inserts its null-key rows (as one writer
+    running the merge twice does); the non-null keys stay unique."""
+    schema = keyed_schema(annotated=False, nullable=True)
+    lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+
+    def checked(table: Any, name: str) -> Any:
+        data = rows([None, 9], name, schema)
+        builder = table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+        return builder.conflict_on_inserted_keys().execute(data)
+
+    checked(first, "first")
+    checked(second, "second")
+    assert second.last_commit.plans == 2
+    keys = lance.dataset(uri, storage_options=options).to_table()["id"].to_pylist()
+    assert sorted(k for k in keys if k is not None) == [0, 9]
+    assert keys.count(None) == 2
+
+
+def test_merges_inserting_other_keys_do_not_replan(uri: str, options: dict[str, str]) -> None:
+    schema = keyed_schema()
+    lancetx.write_table(uri, rows([1, 2], "seed", schema), storage_options=options)
+    first, second = lancetx.open(uri, options), lancetx.open(uri, options)
+    upsert(first, rows([1, 50], "first", schema))  # updates 1, inserts 50
+    upsert(second, rows([2, 60], "second", schema))  # updates 2, inserts 60
+    assert second.last_commit.plans == 1
+    assert pylance_keys(uri, options) == [1, 2, 50, 60]
+
+
+def committed_filter(
+    s3_client: Any, bucket: str, table: lancetx.Table, version: int
+) -> transaction_pb2.Transaction.KeyExistenceFilter | None:
+    """The inserted_rows filter in the transaction file of ``version``."""
+    uuid = next(v.transaction_uuid for v in table.history() if v.version == version)
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="t.lance/_transactions/")
+    (name,) = [o["Key"] for o in listed["Contents"] if str(uuid) in o["Key"]]
+    txn = transaction_pb2.Transaction()
+    txn.ParseFromString(s3_client.get_object(Bucket=bucket, Key=name)["Body"].read())
+    return txn.update.inserted_rows if txn.update.HasField("inserted_rows") else None
+
+
+def test_what_each_merge_records(
+    uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    """Inserts record their keys; a merge that inserts nothing (update-only, or an
+    upsert whose keys all exist) records an empty filter; a merge on a key that is
+    neither the primary key nor asked for records none."""
+    schema = keyed_schema()
+    table = lancetx.write_table(uri, rows([1, 2], "seed", schema), storage_options=options)
+    v_insert = upsert(table, rows([3, 4], "new", schema))
+    v_existing = upsert(table, rows([1, 2], "again", schema))
+    v_update = table.merge_insert("id").when_matched_update_all().execute(rows([5], "x", schema))
+    v_other = (
+        table.merge_insert("name").when_matched_update_all().execute(rows([1], "again", schema))
+    )
+    inserted = committed_filter(s3_client, bucket, table, v_insert)
+    assert inserted is not None and list(inserted.field_ids) == [0]
+    expected = inserted_keys_filter([0], key_hashes(pa.table({"id": [3, 4]}), ["id"]))
+    assert inserted == expected
+    for version in (v_existing, v_update):
+        empty = committed_filter(s3_client, bucket, table, version)
+        assert empty is not None and list(empty.field_ids) == [0]
+        assert not any(empty.bloom.bitmap), version
+    assert committed_filter(s3_client, bucket, table, v_other) is None
