@@ -329,3 +329,47 @@ def test_what_each_merge_records(
         assert empty is not None and list(empty.field_ids) == [0]
         assert not any(empty.bloom.bitmap), version
     assert committed_filter(s3_client, bucket, table, v_other) is None
+
+
+# ------------------------------------------------------------ a pylance writer beside
+
+
+def test_a_pylance_insert_then_a_stale_lancetx_upsert(uri: str, options: dict[str, str]) -> None:
+    """pylance's merge commits the key first (its bloom filter); lancetx, planned
+    on the version before, must see the common key and update instead."""
+    schema = keyed_schema()
+    lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    stale = lancetx.open(uri, options)
+    ds = lance.dataset(uri, storage_options=options)
+    upsert(ds, rows([7], "pylance", schema))
+    upsert(stale, rows([7], "lancetx", schema))
+    assert stale.last_commit.plans == 2
+    got = lance.dataset(uri, storage_options=options).to_table().sort_by("id").to_pydict()
+    assert got == {"id": [0, 7], "name": ["seed", "lancetx"]}
+
+
+def test_a_stale_pylance_upsert_reads_lancetx_inserted_keys(
+    uri: str, options: dict[str, str]
+) -> None:
+    """pylance, planned on the version before lancetx's insert and allowed no retry,
+    compares its filter with the one lancetx recorded: the same key is a conflict;
+    another key commits (a missing filter would have been a conflict too)."""
+    schema = keyed_schema()
+    table = lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    same = lance.dataset(uri, storage_options=options)
+    other = lance.dataset(uri, storage_options=options)
+    upsert(table, rows([7], "lancetx", schema))  # version 2
+
+    def no_retry(ds: Any, data: pa.Table) -> Any:
+        builder = ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+        return builder.conflict_retries(0).execute(data)
+
+    with pytest.raises(Exception, match="(?i)too many concurrent writers"):
+        no_retry(same, rows([7], "pylance", schema))
+    # Keys 7 and 8 set no common bit (pylance compares bits), checked here:
+    seven = inserted_keys_filter([0], key_hashes(pa.table({"id": [7]}), ["id"])).bloom.bitmap
+    eight = inserted_keys_filter([0], key_hashes(pa.table({"id": [8]}), ["id"])).bloom.bitmap
+    assert not any(a & b for a, b in zip(seven, eight, strict=True))
+    no_retry(other, rows([8], "pylance", schema))
+    got = lance.dataset(uri, storage_options=options).to_table().sort_by("id").to_pydict()
+    assert got == {"id": [0, 7, 8], "name": ["seed", "lancetx", "pylance"]}
