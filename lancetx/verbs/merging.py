@@ -143,10 +143,11 @@ def inserted_key_hashes(
     if not spec.not_matched_insert or _inserted_rows(stats) == 0:
         return np.zeros(0, dtype=np.uint64)
     try:
-        # The table's types: pylance casts the source to them before it hashes.
+        # Hash the values as the table stores them, whatever width the source has.
         keys = pa.table({c: source.column(c).cast(ctx.schema.field(c).type) for c in key.columns})
         return key_hashes(keys, key.columns)
-    except (UnhashableKeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except (UnhashableKeyError, TypeError, ValueError, pa.ArrowException) as exc:
+        # Claiming every key is always safe: it costs concurrent inserters a retry.
         log.info(
             "%s: merge_insert cannot hash key %s (%s); recording it as inserting every "
             "key, so a concurrent insert on this key is retried",
@@ -168,6 +169,8 @@ def with_inserted_keys(
     """``txn`` with its Update recording the keys it inserted."""
     op = txn.operation
     if not isinstance(op, Update):
+        if hashes is not None and not len(hashes):
+            return txn  # nothing inserted, nothing to record
         raise TableError(
             ctx.uri,
             f"pylance planned the merge_insert as {op.name}, not an Update, so the keys "

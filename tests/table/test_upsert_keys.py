@@ -30,6 +30,7 @@ from lancetx.commit.format.key_existence import inserted_keys_filter, key_hashes
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.protos import transaction_pb2
+from lancetx.verbs.merging import MergeSpec, UniqueKey, inserted_key_hashes
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
 
@@ -390,3 +391,48 @@ def test_a_stale_pylance_upsert_reads_lancetx_inserted_keys(
     no_retry(other, rows([8], "pylance", schema))
     got = lance.dataset(uri, storage_options=options).to_table().sort_by("id").to_pydict()
     assert got == {"id": [0, 7, 8], "name": ["seed", "lancetx", "pylance"]}
+
+
+# ------------------------------------------------------------ the plan's key set
+
+
+class _Ctx:
+    """The two things inserted_key_hashes reads of a PlanContext."""
+
+    uri = "s3+ddb://b/t.lance?ddbTableName=t"
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+
+
+def test_the_plan_records_every_source_key_or_none() -> None:
+    spec = MergeSpec(on=["id"], matched_update=True, not_matched_insert=True)
+    source = pa.table({"id": pa.array([3, None, 5], pa.int32()), "name": ["a", "b", "c"]})
+    ctx: Any = _Ctx(keyed_schema())  # int64 in the table: hashed as int64, like pylance
+    key = UniqueKey(("id",), (0,))
+    some = inserted_key_hashes(spec, ctx, source, key, {"num_inserted_rows": 2})
+    assert some is not None
+    assert sorted(some.tolist()) == sorted(
+        key_hashes(pa.table({"id": pa.array([3, 5], pa.int64())}), ["id"]).tolist()
+    )
+    none = inserted_key_hashes(spec, ctx, source, key, {"num_inserted_rows": 0})
+    assert none is not None and len(none) == 0
+    update_only = MergeSpec(on=["id"], matched_update=True)
+    left = inserted_key_hashes(update_only, ctx, source, key, {"num_inserted_rows": 5})
+    assert left is not None and len(left) == 0
+    # No count from pylance: every source key.
+    unknown = inserted_key_hashes(spec, ctx, source, key, {})
+    assert unknown is not None and len(unknown) == 2
+
+
+def test_a_key_that_cannot_be_hashed_claims_every_key(caplog: pytest.LogCaptureFixture) -> None:
+    spec = MergeSpec(on=["id"], not_matched_insert=True)
+    schema = pa.schema([pa.field("id", pa.list_(pa.int64()))])
+    source = pa.table({"id": [[1], [2]]}, schema=schema)
+    key = UniqueKey(("id",), (0,))
+    with caplog.at_level("INFO", logger="lancetx.verbs.merging"):
+        hashes = inserted_key_hashes(spec, _Ctx(schema), source, key, {"num_inserted_rows": 2})
+    assert hashes is None
+    assert "cannot hash key ['id']" in caplog.text
+    full = inserted_keys_filter([0], hashes)
+    assert set(full.bloom.bitmap) == {0xFF}
