@@ -195,7 +195,8 @@ def xxh64_rows(rows: np.ndarray) -> np.ndarray:
         h ^= h >> np.uint64(29)
         h *= np.uint64(_P3)
         h ^= h >> np.uint64(32)
-    return h
+    out: np.ndarray = h
+    return out
 
 
 def xxh64_of_u64(values: np.ndarray) -> np.ndarray:
