@@ -15,7 +15,8 @@ from the source). Two merges planned from one version that insert the same new k
 then conflict (retryable): the loser plans again, finds the key, and updates it.
 The filter holds every non-null source key when pylance reports inserted rows (an
 update recorded as an insert costs at most a retry, never a duplicate), none when
-it reports none. A row with a null key is inserted by every merge (a null matches
+it reports none and wrote no more rows than it updated. Where the keys cannot be
+hashed, the filter claims every key. A row with a null key is inserted by every merge (a null matches
 nothing) and is never part of the unique set.
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lancetx.commit.engine.operations import Transaction, Update
+from lancetx.commit.engine.operations import Operation, Transaction, Update
 from lancetx.commit.format.key_existence import (
     KeyExistenceFilter,
     UnhashableKeyError,
@@ -108,7 +109,8 @@ def plan_merge_insert(spec: MergeSpec, source: pa.Table) -> Callable[[PlanContex
         key = unique_key(spec, ctx)
         if key is None:
             return txn
-        return with_inserted_keys(ctx, txn, key, inserted_key_hashes(spec, ctx, source, key, stats))
+        hashes = inserted_key_hashes(spec, ctx, source, key, stats, txn.operation)
+        return with_inserted_keys(ctx, txn, key, hashes)
 
     return plan
 
@@ -136,11 +138,16 @@ def unique_key(spec: MergeSpec, ctx: PlanContext) -> UniqueKey | None:
 
 
 def inserted_key_hashes(
-    spec: MergeSpec, ctx: PlanContext, source: pa.Table, key: UniqueKey, stats: Any
+    spec: MergeSpec,
+    ctx: PlanContext,
+    source: pa.Table,
+    key: UniqueKey,
+    stats: Any,
+    op: Operation | None = None,
 ) -> np.ndarray | None:
     """Hashes of the keys this merge may insert; None when they cannot be hashed
     (the filter then claims every key)."""
-    if not spec.not_matched_insert or _inserted_rows(stats) == 0:
+    if not spec.not_matched_insert or _inserts_nothing(stats, op):
         return np.zeros(0, dtype=np.uint64)
     try:
         # Hash the values as the table stores them, whatever width the source has.
@@ -158,9 +165,18 @@ def inserted_key_hashes(
         return None
 
 
-def _inserted_rows(stats: Any) -> int | None:
-    value = stats.get("num_inserted_rows") if isinstance(stats, Mapping) else None
-    return value if isinstance(value, int) else None
+def _inserts_nothing(stats: Any, op: Operation | None) -> bool:
+    """pylance reports no inserted row, and the rows it wrote are no more than the
+    rows it reports updated (a miscount must not hide an insert)."""
+    if not isinstance(stats, Mapping):
+        return False
+    inserted, updated = stats.get("num_inserted_rows"), stats.get("num_updated_rows")
+    if inserted != 0 or not isinstance(updated, int):
+        return False
+    if not isinstance(op, Update):
+        return op is None
+    written = sum(int(f.physical_rows) for f in op.new_fragments)
+    return written <= updated
 
 
 def with_inserted_keys(

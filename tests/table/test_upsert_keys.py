@@ -26,6 +26,7 @@ from table_helpers import Api, api_fixture, ddb_uri
 
 import lancetx
 import lancetx.aio
+from lancetx.commit.engine.operations import DataFragment, Update
 from lancetx.commit.format.key_existence import inserted_keys_filter, key_hashes
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
@@ -415,14 +416,19 @@ def test_the_plan_records_every_source_key_or_none() -> None:
     assert sorted(some.tolist()) == sorted(
         key_hashes(pa.table({"id": pa.array([3, 5], pa.int64())}), ["id"]).tolist()
     )
-    none = inserted_key_hashes(spec, ctx, source, key, {"num_inserted_rows": 0})
+    counts = {"num_inserted_rows": 0, "num_updated_rows": 1}
+    one_row = Update(new_fragments=(DataFragment(id=0, physical_rows=1),))
+    none = inserted_key_hashes(spec, ctx, source, key, counts, one_row)
     assert none is not None and len(none) == 0
     update_only = MergeSpec(on=["id"], matched_update=True)
     left = inserted_key_hashes(update_only, ctx, source, key, {"num_inserted_rows": 5})
     assert left is not None and len(left) == 0
-    # No count from pylance: every source key.
+    # No count from pylance, or more rows written than it says it updated: every key.
     unknown = inserted_key_hashes(spec, ctx, source, key, {})
     assert unknown is not None and len(unknown) == 2
+    two_rows = Update(new_fragments=(DataFragment(id=0, physical_rows=2),))
+    miscounted = inserted_key_hashes(spec, ctx, source, key, counts, two_rows)
+    assert miscounted is not None and len(miscounted) == 2
 
 
 def test_a_key_that_cannot_be_hashed_claims_every_key(caplog: pytest.LogCaptureFixture) -> None:
