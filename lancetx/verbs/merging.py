@@ -15,9 +15,9 @@ from the source). Two merges planned from one version that insert the same new k
 then conflict (retryable): the loser plans again, finds the key, and updates it.
 The filter holds every non-null source key when pylance reports inserted rows (an
 update recorded as an insert costs at most a retry, never a duplicate), none when
-it reports none and wrote no more rows than it updated. Where the keys cannot be
-hashed, the filter claims every key. A row with a null key is inserted by every merge (a null matches
-nothing) and is never part of the unique set.
+it reports none and wrote no more rows than it updated; where the keys cannot be
+hashed, it claims every key. A row with a null key is inserted by every merge (a
+null matches nothing) and is never part of the unique set.
 """
 
 from __future__ import annotations
