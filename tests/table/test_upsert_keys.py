@@ -240,6 +240,21 @@ def test_a_key_of_two_columns_in_any_order(uri: str, options: dict[str, str]) ->
     }
 
 
+def test_an_append_of_the_key_first_makes_the_upsert_update(
+    uri: str, options: dict[str, str]
+) -> None:
+    """An append carries no key filter: a merge recording its keys cannot rule the
+    appended rows out, so it plans again (and finds the key)."""
+    schema = keyed_schema()
+    lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
+    stale, appender = lancetx.open(uri, options), lancetx.open(uri, options)
+    appender.append(rows([3], "appended", schema))
+    upsert(stale, rows([3], "upserted", schema))
+    assert stale.last_commit.plans == 2
+    got = lance.dataset(uri, storage_options=options).to_table().sort_by("id").to_pydict()
+    assert got == {"id": [0, 3], "name": ["seed", "upserted"]}
+
+
 def test_disjoint_new_keys_do_not_replan(uri: str, options: dict[str, str]) -> None:
     schema = keyed_schema()
     lancetx.write_table(uri, rows([0], "seed", schema), storage_options=options)
