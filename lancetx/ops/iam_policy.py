@@ -26,7 +26,8 @@ Roles:
 * ``writer`` (lancetx and pylance writers): read and write the table's objects
   (``s3:AbortMultipartUpload`` for pylance's large uploads); read its keys and the
   stamp and moved record; ``PutItem``/``UpdateItem`` on its versions, queue and keys.
-* ``reader`` (lancetx and pylance readers): read objects and keys, and **finalize**:
+* ``reader`` (lancetx and pylance readers): read objects, the table's versions and
+  idempotency keys, the stamp and moved record, and **finalize**:
   a version whose writer stopped between its claim and its copy is finished by the
   first reader (Lance's readers do it; lancetx's too), which needs ``s3:PutObject`` on
   final manifest names (``_versions/*.manifest``) and ``dynamodb:PutItem`` on the
@@ -61,8 +62,9 @@ from lancetx.externalstore.moved import MOVED_PREFIX
 from lancetx.externalstore.store_schema import STAMP_BASE_URI
 from lancetx.ops.table import OpsTable
 
-#: Partition of a table's idempotency-key items (``<base>`` + this suffix): written
-#: by writers claiming a commit with a key, read by writers and operators.
+#: Partition of a table's idempotency-key items (``<base>`` + this suffix): written by
+#: writers claiming a commit with a key (beside its version, in one TransactWriteItems),
+#: read by every role that asks which version a key landed as, deleted by operators.
 IDEMPOTENCY_KEYS_SUFFIX: Final = "#lancetx-keys"
 
 WRITER, READER, OPERATOR, DOCTOR, ADMIN = "writer", "reader", "operator", "doctor", "admin"
@@ -129,7 +131,8 @@ GRANTS: Final[dict[str, tuple[Grant, ...]]] = {
         _LISTING,
         Grant("FinalizeManifests", ("s3:PutObject",), objects=("_versions/*.manifest",)),
         _DESCRIBE,
-        Grant("ReadTableKeys", DDB_READ, keys=(VERSIONS, MOVED, STAMP)),
+        # Its idempotency keys too: "did job X land, and as which version?" is a read.
+        Grant("ReadTableKeys", DDB_READ, keys=(VERSIONS, KEYS, MOVED, STAMP)),
         Grant("FinalizeVersions", ("dynamodb:PutItem",), keys=(VERSIONS,)),
         Grant("EncryptedObjects", ("kms:Decrypt", "kms:GenerateDataKey"), kms=True),
     ),

@@ -41,7 +41,7 @@ from lancetx.externalstore.store_schema import (
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.gc import collect_garbage
-from lancetx.ops.iam_policy import iam_literal, iam_policies
+from lancetx.ops.iam_policy import IamPolicyError, iam_literal, iam_policies
 from lancetx.ops.migrate import migrate_to_conditional_put
 from lancetx.ops.repair import repair_table
 from lancetx.ops.status import table_status
@@ -406,13 +406,16 @@ def test_the_cli_needs_an_account_and_covers_a_kms_key(lake: Lake) -> None:
     for role in ("writer", "reader", "operator", "doctor"):
         assert allowed(out.json[role], decrypt) and allowed(out.json[role], generate), role
         assert not allowed(out.json[role], other_key), role
-    anywhere = run_cli(lake.aws, "iam-policy", uri, "--any-account", "--json")
-    assert anywhere.code == 0 and anywhere.json["account"] == "*"
-    resources = {r for s in anywhere.json["writer"]["Statement"] for r in s["Resource"]}
+    ops = open_table(uri, lake.options, validate=False)
+    anywhere = iam_policies(ops, account=None, region=None, any_account=True)
+    assert anywhere.account == "*"
+    resources = {r for s in anywhere.policies["writer"]["Statement"] for r in s["Resource"]}
     assert f"arn:aws:dynamodb:*:*:table/{lake.ddb_table}" in resources
     assert not any("kms" in r for r in resources)
-    bad = run_cli(lake.aws, "iam-policy", uri, "--any-account", "--kms-key", "alias/mine")
-    assert bad.code == 1 and "KMS key ARN" in bad.stderr
+    with pytest.raises(IamPolicyError, match="KMS key ARN"):
+        iam_policies(ops, account=None, region=None, any_account=True, kms_key="alias/mine")
+    with pytest.raises(IamPolicyError, match="--account"):
+        iam_policies(ops, account=None, region=REGION)
     assert iam_literal("a*b?c${x}") == "a${*}b${?}c${$}{x}"
 
 
