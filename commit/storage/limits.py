@@ -26,9 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from lancetx.commit.errors import (
+    FormatError,
+    ManifestFormatError,
     ManifestTooLargeError,
     ObjectTooLargeError,
     StorageOptionError,
+    TransactionFileError,
     TransactionTooLargeError,
 )
 
@@ -122,9 +125,10 @@ def _checked(
     if len(data) != total:
         # The tail of a capped read is the whole object; anything else means the
         # object changed between the size and the bytes (or a store misreported).
-        from lancetx.commit.errors import FormatError
-
-        raise FormatError(
+        error = {MANIFEST: ManifestFormatError, TRANSACTION: TransactionFileError}.get(
+            kind, FormatError
+        )
+        raise error(
             store.uri(key), f"changed while being read (expected {total} bytes, got {len(data)})"
         )
     return data

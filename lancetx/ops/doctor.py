@@ -479,14 +479,25 @@ def _s3_checks(
         pattern = objects["s3:PutObject"][0]
         target = naming.join(base, pattern.replace("*", "_lancetx_doctor_probe"))
         copy = _Probe("s3:PutObject", role)
-        copy.run(
+        copied = copy.run(
             f"{arn(target)} (a copy from an absent object: nothing written)",
             lambda: client.copy_object(
                 Bucket=bucket, Key=target, CopySource={"Bucket": bucket, "Key": absent}
             ),
             authorized=_absent,
         )
-        checks.append(copy.check())
+        if copied is not None:  # a store that copies what does not exist: report, never hide
+            checks.append(
+                Check(
+                    "s3:PutObject",
+                    FAILED,
+                    f"a copy from the absent object {absent!r} succeeded and wrote {target!r}: "
+                    "this store does not behave as S3",
+                    f"delete s3://{bucket}/{target} with an operator's credentials",
+                )
+            )
+        else:
+            checks.append(copy.check())
     if skew is None:
         checks.append(Check("clock-skew", SKIPPED, "the store sent no Date header"))
     elif abs(skew) >= SKEW_FAILED_SECONDS:
