@@ -57,7 +57,6 @@ def test_spark_plans_exceptions_and_option_objects_show_no_secret(
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         read.explain(mode="extended")
-        read.explain(mode="formatted")
     assert "lancetx" in printed.getvalue().lower()  # the plan was printed
     assert_clean(printed.getvalue(), "explain")
     assert_clean(read._jdf.queryExecution().toString(), "query execution")
