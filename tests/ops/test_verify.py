@@ -85,7 +85,9 @@ def test_a_commit_landing_during_the_scan_is_no_finding(
     landed: list[int] = []
 
     def commit() -> None:
-        done = lancetx_append(conn.handler, conn.base, conn.data_uri, table.options, batch("x", 0, 2))
+        done = lancetx_append(
+            conn.handler, conn.base, conn.data_uri, table.options, batch("x", 0, 2)
+        )
         landed.append(done.version)
 
     fired = _commit_during_first_versions_listing(legacy_aws, commit)
