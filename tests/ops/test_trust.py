@@ -12,7 +12,7 @@ from pathlib import Path
 
 import lance
 import pytest
-from cli_helpers import DdbTable, make_table, read_versions, run_cli
+from cli_helpers import DdbTable, make_table, read_versions, run_cli, wedge_with_pylance
 from protocol_helpers import batch, pylance_append, pylance_create
 
 from lancetx.commit.engine.committer import commit_transaction, load_parent
@@ -21,13 +21,14 @@ from lancetx.commit.errors import InvalidCommitError, TransactionFileError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.manifest import encode_manifest, read_manifest
 from lancetx.commit.format.naming import parse_manifest_name
-from lancetx.commit.format.transaction_file import read_transaction_file
+from lancetx.commit.format.transaction_file import read_transaction_file, write_transaction_file
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.preflight import UntrustedReferenceError
+from lancetx.ops.repair import repair_table
 from lancetx.ops.status import table_status
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table
@@ -209,3 +210,30 @@ def test_a_transaction_file_name_outside_transactions_is_not_read(tmp_path: Path
     (tmp_path / "secret.txn").write_bytes(b"x")
     with pytest.raises(TransactionFileError, match="not read"):
         read_transaction_file(store, base, "../../secret.txn")
+
+
+def test_repair_of_a_wedged_version_follows_no_item_outside_the_table_and_no_hostile_candidate(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    a, b = _two_tables(legacy_aws, bucket, ddb_table_name)  # a: versions 1..3
+    lost, _ = wedge_with_pylance(a)  # version 4: claimed, its staged manifest gone
+    b_latest, b_size = _latest_manifest(b)
+    _point_item_at(a, 3, b_latest, b_size)
+    # A transaction file naming a data file in b: never a usable candidate.
+    store, base = open_object_store(f"s3://{bucket}/a.lance", a.options)
+    (written,) = lance.fragment.write_fragments(
+        batch("h", 0, 1), f"s3://{bucket}/a.lance", storage_options=a.options
+    )
+    hostile = fragment_from_pylance(written)
+    hostile.files[0].path = "../../b.lance/data/x.lance"
+    name = write_transaction_file(
+        store, base, Transaction(read_version=2, operation=Append(fragments=(hostile,))).to_proto()
+    )
+
+    with RequestLog(legacy_aws) as log:
+        report = repair_table(open_table(a.uri, a.options), version=4)
+    assert log.touching("b.lance") == []
+    by_name = {c.name: c for c in report.candidates[4]}
+    assert by_name[lost.rsplit("/", 1)[1]].usable
+    assert not by_name[name].usable and "../../b.lance" in (by_name[name].problem or "")
+    assert report.actions == []
