@@ -144,3 +144,18 @@ def test_once_the_fences_are_deleted_the_gap_below_the_oldest_kept_version_is_no
     opened = lancetx.open(table.uri, table.options)
     assert [v.version for v in opened.history()] == [2, 5, 6]
     assert opened.append(pa.table(batch("w", 9, 1))) == 7
+
+
+def test_versions_pylances_own_cleanup_removed_are_skipped_too(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """pylance's ``cleanup_old_versions`` deletes manifests and leaves the items."""
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=3)  # versions 1..4
+    ds = lance.dataset(table.uri, storage_options=table.options)
+    ds.cleanup_old_versions(older_than=timedelta(0))
+    assert [int(i["version"]["N"]) for i in table.items()] == [1, 2, 3, 4]
+    opened = lancetx.open(table.uri, table.options)
+    assert [v.version for v in opened.history()] == [4]
+    assert opened.find_idempotency_key("k3") == 4 and opened.find_idempotency_key("k1") is None
+    report = verify_table(open_table(table.uri, table.options))
+    assert report.ok, report.findings
