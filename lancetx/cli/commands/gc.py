@@ -60,9 +60,11 @@ def register(app: typer.Typer) -> None:
             table,
         )
         from lancetx.ops.gc import (
+            COMMIT_BUDGET,
             MINIMUM_OLDER_THAN,
             UnsafeThresholdError,
             collect_garbage,
+            format_age,
             parse_age,
         )
         from lancetx.ops.table import open_table
@@ -101,6 +103,12 @@ def register(app: typer.Typer) -> None:
                 f"{len(report.candidates)} object(s), {report.bytes_reclaimable} bytes "
                 + ("reclaimable (dry run; add --delete)" if report.dry_run else "reclaimed")
             )
+            if age < MINIMUM_OLDER_THAN:
+                console.print(
+                    "kept regardless of --older-than: objects younger than "
+                    f"{format_age(COMMIT_BUDGET)}, and transaction files younger than "
+                    f"{format_age(MINIMUM_OLDER_THAN)} with the files they name"
+                )
             for error in report.errors:
                 console.print(f"[red]not deleted[/]: {error}")
         if not report.ok:
