@@ -72,8 +72,16 @@ def read_transaction_file(
 
     Raises ObjectNotFoundError if it is absent and TransactionFileError if it
     does not decode (TransactionTooLargeError, before reading it, if it is over the
-    store's cap on transaction files).
+    store's cap on transaction files), or if ``file_name`` (a manifest's word) could
+    name an object outside ``_transactions/`` (``..``, a subfolder, absolute): nothing
+    is read then.
     """
+    problem = naming.unsafe_transaction_file_name(file_name)
+    if problem is not None:
+        raise TransactionFileError(
+            store.uri(naming.join(base, naming.TRANSACTIONS_DIR)),
+            f"the manifest names transaction file {file_name!r} ({problem}); not read",
+        )
     key = naming.transaction_key(base, file_name)
     return decode_transaction(read_capped(store, key, TRANSACTION), path=store.uri(key))
 
