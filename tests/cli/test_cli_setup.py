@@ -234,10 +234,18 @@ def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
         f"arn:aws:s3:::{bucket}",
         f"arn:aws:dynamodb:eu-west-1:123456789012:table/{ddb_table_name}",
     }
-    legacy = run_cli(aws, "iam-policy", uri, "--role", "cli", "--any-account")
-    assert legacy.code == 0 and json.loads(legacy.stdout) == json.loads(
-        run_cli(aws, "iam-policy", uri, "--role", "operator", "--any-account").stdout
-    )
+    legacy = run_cli(
+        aws,
+        "iam-policy",
+        uri,
+        "--role",
+        "cli",
+        "--account",
+        "123456789012",
+        "--region",
+        "eu-west-1",
+    )  # the old name of the operator role
+    assert legacy.code == 0 and json.loads(legacy.stdout) == out.json["operator"]
 
 
 def test_migrate_to_conditional_put_refuses_a_legacy_store_then_moves_the_table(
