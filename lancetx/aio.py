@@ -39,6 +39,7 @@ from lancetx.commit.engine.committer import (
 )
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
+from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.committing import (
@@ -105,6 +106,7 @@ class _AsyncHandlerContext:
         except BaseException:
             await self._stack.aclose()
             raise
+        store.read_limits = ReadLimits.from_options(options)
         return AsyncExternalStoreCommitHandler(store, entries)
 
     async def __aexit__(

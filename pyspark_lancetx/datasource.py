@@ -270,7 +270,8 @@ class ScanPlan:
     DynamoDB again."""
 
     uri: str
-    storage_options: dict[str, str]
+    #: Not in the repr: it holds credentials.
+    storage_options: dict[str, str] = field(repr=False)
     version: int
     columns: tuple[str, ...]
     filters: tuple[str, ...] = ()

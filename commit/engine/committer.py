@@ -104,6 +104,7 @@ from lancetx.commit.errors import (
     RetryableConflictError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.fragments import unsafe_file_paths
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import (
     ManifestFile,
@@ -119,6 +120,7 @@ from lancetx.commit.handlers.interface import (
     Turns,
     VersionAlreadyExistsError,
 )
+from lancetx.commit.storage.limits import TRANSACTION
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -323,6 +325,7 @@ def commit_steps(
     options = options or CommitOptions()
     uri = names.uri(base)
     ours = _with_properties(transaction, options)
+    _refuse_unsafe_paths(uri, ours)
     current = (
         _as_parent(parent) if parent is not None else (yield from load_parent_steps(names, base))
     )
@@ -989,6 +992,21 @@ def _with_properties(txn: Transaction, options: CommitOptions) -> Transaction:
     return dataclasses.replace(txn, properties=props)
 
 
+def _refuse_unsafe_paths(uri: str, ours: Transaction) -> None:
+    """A data file path that could name an object outside the table's ``data/`` (``..``,
+    absolute, a URI): refused before any request, as every reader and every
+    maintenance tool refuses to follow it."""
+    unsafe = unsafe_file_paths(ours.to_proto())
+    if unsafe:
+        path, problem = unsafe[0]
+        raise InvalidCommitError(
+            uri,
+            f"the transaction names file {path!r} ({problem}): a data file's path must be "
+            "relative to the table's data/ folder and stay inside it"
+            + (f" ({len(unsafe) - 1} more such path(s))" if len(unsafe) > 1 else ""),
+        )
+
+
 def _validate(uri: str, ours: Transaction, current: Parent | None, options: CommitOptions) -> None:
     latest = current.version if current is not None else 0
     if ours.read_version > latest:
@@ -1054,7 +1072,7 @@ def _load_one(
     pb: transaction_pb2.Transaction | None = manifest.transaction
     if pb is None and manifest.manifest.transaction_file:
         key = transaction_key(base, manifest.manifest.transaction_file)
-        raw: bytes = yield GetObject(key)
+        raw: bytes = yield GetObject(key, TRANSACTION)
         pb = decode_transaction(raw, path=names.uri(key))
     if pb is None:
         raise InvalidCommitError(

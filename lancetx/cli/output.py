@@ -143,8 +143,11 @@ def handled(command: str, as_json: bool) -> Iterator[None]:
     try:
         yield
     except LancetxError as exc:
+        from lancetx.commit.storage.secrets import redact_text
+
         code = USAGE if isinstance(exc, _usage_errors()) else FINDINGS
-        fail(str(exc), as_json=as_json, command=command, kind=type(exc).__name__, code=code)
+        message = redact_text(str(exc))
+        fail(message, as_json=as_json, command=command, kind=type(exc).__name__, code=code)
 
 
 ProgressFn = Callable[[str, int], None]
