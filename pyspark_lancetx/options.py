@@ -113,10 +113,13 @@ def _normalized(
                 "a value (leave the option out to use the default)",
             )
         if name in out and out[name] != str(raw_value):
+            # A storage option may be a credential: its values are not repeated.
+            secret = name.startswith(STORAGE_PREFIX)
             raise SparkOptionError(
                 str(raw_key),
-                str(raw_value),
-                f"one value: it was also given as {given_as[name]!r}={out[name]!r}",
+                "<not shown>" if secret else str(raw_value),
+                f"one value: it was also given as {given_as[name]!r}"
+                + ("" if secret else f"={out[name]!r}"),
             )
         out[name] = str(raw_value)
         given_as[name] = str(raw_key)

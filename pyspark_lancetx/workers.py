@@ -33,8 +33,12 @@ from pyspark_lancetx.errors import SparkSetupError
 
 log = logging.getLogger("pyspark_lancetx")
 
-#: What a worker interpreter must be able to import.
-_IMPORT_CHECK = "import lancetx.commit.errors, pyspark_lancetx"
+#: Whether an interpreter has the package and what it runs on (found, not imported: fast).
+_IMPORT_CHECK = (
+    "import importlib.util, sys; "
+    "sys.exit(0 if all(importlib.util.find_spec(m) for m in "
+    "('pyspark_lancetx', 'lancetx', 'lance', 'pyarrow')) else 1)"
+)
 
 
 def _in_a_worker() -> bool:

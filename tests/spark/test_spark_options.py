@@ -87,6 +87,15 @@ def test_the_parsers_refuse_none_duplicates_and_keep_storage_options() -> None:
         ReadOptions.parse({"path": "/t", "version": None})
     with pytest.raises(SparkOptionError, match=r"also given as 'jobid'"):
         WriteOptions.parse({"path": "/t", "jobid": "a", "job_id": "b"})
+    with pytest.raises(SparkOptionError) as twice:  # a credential is never repeated back
+        WriteOptions.parse(
+            {
+                "path": "/t",
+                "storage.aws_secret_access_key": "S3CR3T-1",
+                "STORAGE.AWS_SECRET_ACCESS_KEY": "S3CR3T-2",
+            }
+        )
+    assert "S3CR3T" not in str(twice.value)
     with pytest.raises(
         spark_errors.UnknownSparkOptionError, match=r"did you mean storage\.aws_region\?"
     ):
