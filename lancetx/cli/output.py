@@ -105,7 +105,7 @@ def fail(
         from rich.markup import escape
 
         label = "usage error" if code == USAGE else "error"
-        stderr_console().print(f"[bold red]{label}[/]: {escape(message)}")
+        stderr_console().print(f"[bold red]{label}[/]: {escape(printable(message))}")
     raise typer.Exit(code)
 
 
@@ -253,8 +253,22 @@ class _Bars:
                 self._bars.stop()
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on rather than show (escape
+    sequences, bidirectional overrides, other control and format characters) written
+    as ``\\xNN`` / ``\\uNNNN``: an object name cannot restyle, hide or reorder output."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch
+        if ch.isprintable()
+        else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        for ch in text
+    )
+
+
 def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else printable(str(value))
 
 
 def print_table(
@@ -272,7 +286,7 @@ def print_table(
     if not console.is_terminal:
         lines = ([list(columns)] if header else []) + cells
         widths = [max((len(line[i]) for line in lines), default=0) for i in range(len(columns))]
-        out = [title] if title else []
+        out = [printable(title)] if title else []
         for line in lines:
             out.append("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
         console.file.write("".join(f"{text}\n" for text in out))
@@ -281,7 +295,9 @@ def print_table(
     from rich.table import Table
     from rich.text import Text
 
-    out_table = Table(title=title, title_justify="left", show_header=header)
+    out_table = Table(
+        title=Text(printable(title)) if title else None, title_justify="left", show_header=header
+    )
     for column in columns:
         out_table.add_column(Text(column), overflow="fold")
     for row in cells:
@@ -297,16 +313,18 @@ def print_findings(console: Any, findings: list[Any], *, title: str = "Findings"
         return
     from rich.markup import escape
 
-    console.print(f"[bold]{escape(title)}[/] ({len(findings)})")
+    console.print(f"[bold]{escape(printable(title))}[/] ({len(findings)})")
     for f in findings:
         where = f" version {f.version}" if f.version is not None else ""
         colour = "red" if f.severity == "error" else "yellow"
-        console.print(
-            f"[{colour}]{escape(f.severity.upper())}[/] {escape(f.kind)}{where}: {escape(f.detail)}"
+        severity, kind, detail = (
+            escape(printable(v)) for v in (f.severity.upper(), f.kind, f.detail)
         )
-        console.print(f"  fix: {f.fix}", markup=False)
+        console.print(f"[{colour}]{severity}[/] {kind}{where}: {detail}")
+        console.print(f"  fix: {printable(f.fix)}", markup=False)
 
 
 def say(console: Any, text: str) -> None:
-    """A line of plain text (object names, errors, messages): never read as markup."""
-    console.print(text, markup=False)
+    """A line of plain text (object names, errors, messages): never read as markup,
+    control characters shown, not acted on."""
+    console.print(printable(text), markup=False)

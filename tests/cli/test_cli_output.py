@@ -62,7 +62,8 @@ def test_object_names_are_printed_as_text_never_as_markup(
 ) -> None:
     table = make_table(aws, bucket, ddb_table_name)
     names = ["data/[/bold]x.lance", "data/[black on black]hidden.lance"]
-    keys = [f"{table.path}/{name}" for name in names]
+    reordering = "data/\u202eecnal.exe"  # a right-to-left override: shown, not obeyed
+    keys = [f"{table.path}/{name}" for name in [*names, reordering]]
     for key in keys:
         table.s3.put_object(Bucket=bucket, Key=key, Body=b"x")
     age_objects(bucket, keys, timedelta(days=30))
@@ -77,6 +78,7 @@ def test_object_names_are_printed_as_text_never_as_markup(
     flat = out.replace("\r", "").replace("\n", "").replace("│", "").replace(" ", "")
     for name in names:
         assert name.replace(" ", "") in flat
+    assert "\u202e" not in out and "data/\\u202eecnal.exe" in flat
 
 
 def test_exit_codes_clean_findings_usage(
