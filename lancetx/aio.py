@@ -291,8 +291,12 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         if self._stack is not None and self._loop is loop:
             return self._handler
         stack = AsyncExitStack()
-        handler = await stack.enter_async_context(open_async_handler(self._state))
-        await _close_at_loop_shutdown(id(stack), stack)
+        try:
+            handler = await stack.enter_async_context(open_async_handler(self._state))
+            await _close_at_loop_shutdown(id(stack), stack)
+        except BaseException:
+            await stack.aclose()
+            raise
         self._stack, self._handler, self._loop = stack, handler, loop
         return handler
 
