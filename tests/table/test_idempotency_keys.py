@@ -225,8 +225,6 @@ def ddb_table(
 def test_a_key_whose_version_cleanup_removed_is_refused_with_its_version(
     ddb_table: tuple[str, dict[str, str]],
 ) -> None:
-    from lancetx.commit.handlers.interface import KeyAlreadyCommittedError
-
     uri, options = ddb_table
     table = lancetx.open(uri, storage_options=options)
     assert table.append(_data("first", 0), idempotency_key="job-1") == 2
@@ -239,11 +237,23 @@ def test_a_key_whose_version_cleanup_removed_is_refused_with_its_version(
         items_older_than=timedelta(0),
     )
     assert report.ok and 2 in report.removed_versions and 2 in report.items_deleted
-    conn = connect(uri, options)
-    assert conn.handler.find_key(conn.base, "job-1") == 2  # the key item survived
+
+    # Every door: deduplicated, with the version number (its manifest is gone).
+    again = lancetx.open(uri, storage_options=options)
+    assert again.append(_data("retry", 0), idempotency_key="job-1") == 2
+    assert again.last_commit is not None and again.last_commit.deduplicated
+    fragments_result = _commit_fragments(TableState.connect(uri, options), "fragments", "job-1")
+    assert (fragments_result.version, fragments_result.deduplicated) == (2, True)
+    assert again.find_idempotency_key("job-1") == 2
+    ds = lance.dataset(uri, storage_options=options)
+    assert ds.version == 5
+    assert set(ds.to_table(columns=["writer"])["writer"].to_pylist()) == {"setup", "first", "later"}
 
     # The engine, holding the latest version: the key item refuses the claim, and the
     # version it names cannot be read any more.
+    from lancetx.commit.handlers.interface import KeyAlreadyCommittedError
+
+    conn = connect(uri, options)
     parent = load_parent(conn.handler, conn.base)
     assert parent is not None
     fragments = lance.fragment.write_fragments(
@@ -261,17 +271,7 @@ def test_a_key_whose_version_cleanup_removed_is_refused_with_its_version(
             options=CommitOptions(idempotency_key="job-1"),
         )
     assert refused.value.version == 2 and refused.value.key == "job-1"
-
-    # Every door: deduplicated, with the version number.
-    again = lancetx.open(uri, storage_options=options)
-    assert again.append(_data("retry", 0), idempotency_key="job-1") == 2
-    assert again.last_commit is not None and again.last_commit.deduplicated
-    fragments_result = _commit_fragments(TableState.connect(uri, options), "fragments", "job-1")
-    assert (fragments_result.version, fragments_result.deduplicated) == (2, True)
-    assert again.find_idempotency_key("job-1") == 2
-    ds = lance.dataset(uri, storage_options=options)
-    assert ds.version == 5
-    assert set(ds.to_table(columns=["writer"])["writer"].to_pylist()) == {"setup", "first", "later"}
+    assert lance.dataset(uri, storage_options=options).version == 5
 
 
 # -------------------------------------------------------------- slots and tables
