@@ -11,45 +11,45 @@ Two sources, in this order:
    PUT: local disks, S3 with ``If-None-Match``) — are found in the versions'
    transaction properties. Every version is looked at, however many there are.
    A version claimed by lancetx names its key in its DynamoDB entry (no read);
-   others are read once per process (``seen``). A version whose manifest is gone
+   the others are read once per process (the commit loop's transaction cache,
+   :data:`~lancetx.commit.engine.txn_cache.TRANSACTIONS`, which also holds every
+   version a commit loop of the process loaded). A version whose manifest is gone
    (removed by ``cleanup``) is skipped: on a table without key items its key is
    forgotten with it.
 
 The look-up is the fast path only. What makes a key land at most once under
 concurrency is the claim (the key item is claimed with the version, atomically)
 and, where there is no key item, the commit loop, which checks every version
-committed after the parent the look-up covered (the caller looks up only after
-it holds that parent).
+committed after the parent the look-up covered (the caller looks up only once it
+holds that parent).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 
+from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
+from lancetx.commit.engine.operations import Rewrite, Transaction
+from lancetx.commit.engine.txn_cache import TRANSACTIONS
 from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import read_manifest_at
+from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
-from lancetx.history import HISTORY_PARALLELISM, VersionInfo, version_info
 
-__all__ = ["find_committed_key"]
+__all__ = ["READ_PARALLELISM", "find_committed_key"]
+
+#: Versions read at once while looking for a key in the history.
+READ_PARALLELISM = 8
 
 
 def find_committed_key(
-    handler: CommitHandler,
-    base: str,
-    key: str,
-    *,
-    since: int = 0,
-    seen: MutableMapping[int, VersionInfo | None] | None = None,
-    lock: threading.Lock | None = None,
+    handler: CommitHandler, base: str, key: str, *, since: int = 0
 ) -> int | None:
     """The version idempotency ``key`` was committed as, or None (see the module
     docstring). ``since``: versions up to it cannot hold the key (the caller knows);
-    the key item is believed wherever it points. ``seen`` caches versions read (None:
-    unreadable), guarded by ``lock``. The newest version with the key wins, should an
-    older lancetx have committed it twice."""
+    the key item is believed wherever it points. The newest version with the key
+    wins, should an older lancetx have committed it twice."""
     found = handler.find_key(base, key)
     if found is not None:
         return found
@@ -71,35 +71,35 @@ def find_committed_key(
         for loc in newest_first
         if loc.summary is None and (by_summary is None or loc.version > by_summary)
     ]
-    seen = seen if seen is not None else {}
-    lock = lock or threading.Lock()
-    for start in range(0, len(unread), HISTORY_PARALLELISM):
-        batch = unread[start : start + HISTORY_PARALLELISM]
-        with lock:
-            missing = [loc for loc in batch if loc.version not in seen]
-        for loc, info in zip(missing, _read(handler, base, missing), strict=True):
-            with lock:
-                seen[loc.version] = info
-        with lock:
-            infos = [seen[loc.version] for loc in batch]
-        for info in infos:
-            if info is not None and info.idempotency_key == key:
-                return info.version
+    if not unread:
+        return by_summary
+    with ThreadPoolExecutor(max_workers=min(READ_PARALLELISM, len(unread))) as pool:
+        for start in range(0, len(unread), READ_PARALLELISM):
+            batch = unread[start : start + READ_PARALLELISM]
+            for location, found_key in zip(
+                batch, pool.map(lambda loc: _key_of(handler, base, loc), batch), strict=True
+            ):
+                if found_key == key:
+                    return location.version
     return by_summary
 
 
-def _read(
-    handler: CommitHandler, base: str, locations: list[ManifestLocation]
-) -> list[VersionInfo | None]:
-    """Each version's info, read in parallel; None for one whose manifest is gone."""
-
-    def one(location: ManifestLocation) -> VersionInfo | None:
+def _key_of(handler: CommitHandler, base: str, location: ManifestLocation) -> str | None:
+    """The idempotency key of the version at ``location`` (None: none, or its manifest
+    is gone)."""
+    uri = handler.store.uri(base)
+    txn = TRANSACTIONS.get(uri, location)
+    if txn is None:
         try:
-            return version_info(handler, base, location)
+            manifest = read_manifest_at(handler.store, location)
+            pb = read_transaction_of(handler.store, base, manifest)
         except ObjectNotFoundError:
             return None  # removed (cleanup): nothing to read a key from
-
-    if not locations:
-        return []
-    with ThreadPoolExecutor(max_workers=min(HISTORY_PARALLELISM, len(locations))) as pool:
-        return list(pool.map(one, locations))
+        if pb is None:
+            return None
+        txn = Transaction.from_proto(pb, source=handler.store.uri(location.key))
+        if not isinstance(txn.operation, Rewrite):
+            # A Rewrite's cached form carries its fragment-reuse index (the commit
+            # loop adds it from the manifest); leave those to the loop.
+            TRANSACTIONS.put(uri, location, txn)
+    return txn.properties.get(IDEMPOTENCY_KEY) or None

@@ -51,8 +51,6 @@ class TableState:
     #: Versions already read for history (a committed version never changes), so
     #: history only reads versions it has not seen.
     _infos: dict[int, VersionInfo] = field(default_factory=dict, repr=False)
-    #: Versions read by idempotency-key look-ups (None: unreadable, removed).
-    _key_infos: dict[int, VersionInfo | None] = field(default_factory=dict, repr=False)
 
     @classmethod
     def connect(cls, uri: str, storage_options: Mapping[str, str] | None) -> TableState:
@@ -103,18 +101,11 @@ class TableState:
     def find_idempotency_key(self, key: str, *, since: int = 0) -> int | None:
         """The version committed with idempotency ``key``, or None: its key item
         (``s3+ddb://`` tables; however old the version, cleaned up or not), else the
-        history after ``since``, every version of it (see :mod:`lancetx.keys`). Each
-        version is read at most once per process."""
+        history after ``since``, every version of it, each read at most once per
+        process (see :mod:`lancetx.keys`)."""
         from lancetx.keys import find_committed_key
 
-        return find_committed_key(
-            self.conn.handler,
-            self.conn.base,
-            key,
-            since=since,
-            seen=self._key_infos,
-            lock=self._lock,
-        )
+        return find_committed_key(self.conn.handler, self.conn.base, key, since=since)
 
     def require_parent(self) -> Parent:
         parent = self.parent if self.parent is not None else self.refresh()
