@@ -11,6 +11,7 @@ fresh ids race as before.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from datetime import timedelta
@@ -25,11 +26,13 @@ from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 from pyspark_lancetx.commit import JOB_ID_KEY
 
-ROUNDS = 20
+#: Rounds of the race (the issue's acceptance asks for 20; ``LANCETX_KEY_RACE_ROUNDS``
+#: changes it, e.g. for a quick local run).
+ROUNDS = int(os.environ.get("LANCETX_KEY_RACE_ROUNDS", "20"))
 #: Versions cleanup keeps; the older ones and their items are removed.
-KEPT = 10
+KEPT = ROUNDS // 2
 #: Removed jobs rerun (by both threads) after the cleanup.
-RERUNS = 3
+RERUNS = min(3, ROUNDS - KEPT - 1)
 #: Fresh job ids raced after the cleanup.
 FRESH_AFTER = 5
 

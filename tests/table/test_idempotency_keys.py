@@ -18,8 +18,10 @@ version: small manifests), so each takes a few seconds.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -308,3 +310,112 @@ def test_delete_all_removes_the_key_items(ddb_table: tuple[str, dict[str, str]])
     handler.entries.delete_all(conn.base)
     assert handler.entries.list_entries(conn.base) == []
     assert handler.find_key(conn.base, "job-1") is None
+
+
+# --------------------------------------------------------------- more at once
+
+
+@pytest.mark.parametrize("kind", ["conditional-put", "s3+ddb"])
+def test_eight_threads_committing_one_key_land_it_once(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    if kind == "s3+ddb":
+        uri, options = request.getfixturevalue("ddb_table")
+    else:
+        uri, options = str(tmp_path / "t.lance"), {}
+        _plain_table(uri)
+    data_uri = connect(uri, options).data_uri
+    writers = 8
+    prepared = [
+        lance.fragment.write_fragments(_data(f"w{n}", 0), data_uri, storage_options=options or None)
+        for n in range(writers)
+    ]
+    barrier = threading.Barrier(writers, timeout=120)
+    results: dict[int, lancetx.CommitResult] = {}
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            barrier.wait()
+            results[n] = lancetx.commit_fragments(
+                uri,
+                prepared[n],
+                schema=_data("x", 0).schema,
+                storage_options=options,
+                idempotency_key="job-8",
+            )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    winners = [n for n, r in results.items() if not r.deduplicated]
+    assert len(winners) == 1, results
+    assert {r.version for r in results.values()} == {2}
+    rows = lance.dataset(uri, storage_options=options or None).to_table(columns=["writer"])
+    assert sorted(set(rows["writer"].to_pylist())) == sorted({"setup", f"w{winners[0]}"})
+    assert lance.dataset(uri, storage_options=options or None).version == 2
+
+
+def test_the_async_door_finds_a_key_through_its_key_item(
+    ddb_table: tuple[str, dict[str, str]],
+) -> None:
+    import lancetx.aio
+
+    uri, options = ddb_table
+
+    async def main() -> tuple[int, int, int, bool]:
+        table = await lancetx.aio.open(uri, options)
+        first = await table.append(_data("first", 0), idempotency_key="job-a")
+        await table.append(_data("later", 0))
+        other = await lancetx.aio.open(uri, options)
+        again = await other.append(_data("again", 0), idempotency_key="job-a")
+        assert other.last_commit is not None
+        return (
+            first,
+            again,
+            await other.find_idempotency_key("job-a") or 0,
+            other.last_commit.deduplicated,
+        )
+
+    first, again, found, deduplicated = asyncio.run(main())
+    assert (first, again, found, deduplicated) == (2, 2, 2, True)
+    assert lance.dataset(uri, storage_options=options).version == 3
+
+
+def test_a_key_item_that_outlived_its_versions_is_reported_not_taken(tmp_path: Path) -> None:
+    """A key item naming a version that holds another transaction (its table's items were
+    deleted by hand, the key items left): the claim stops with a typed error, nothing
+    committed and nothing taken for a match."""
+    from lancetx.commit.errors import InvalidCommitError
+    from lancetx.externalstore.base import KeyRecord, key_slot, keys_base_uri
+
+    path = str(tmp_path / "t.lance")
+    table = _keyed_table(path)
+    assert table.append(_data("plain", 0)) == 2
+    entries = _state(table).conn.handler.entries  # type: ignore[attr-defined]
+    assert isinstance(entries, MemoryManifestStore)
+    base = _state(table).conn.base
+    stale = KeyRecord(base, "job-x", 2, transaction_uuid="gone", commit_token="gone")
+    entries._keys.setdefault(keys_base_uri(base), {})[key_slot("job-x")] = stale
+    fresh = lancetx.Table(TableState(_state(table).conn))
+    with pytest.raises(InvalidCommitError, match=r"key item of idempotency key 'job-x'.*outlived"):
+        # The look-up believes the item (version 2): so go through the engine.
+        parent = load_parent(fresh._state.conn.handler, base)
+        assert parent is not None
+        fragments = lance.fragment.write_fragments(_data("x", 0), path)
+        commit_transaction(
+            fresh._state.conn.handler,
+            base,
+            Transaction(
+                parent.version,
+                Append(fragments=tuple(fragment_from_pylance(f) for f in fragments)),
+            ),
+            parent=parent,
+            options=CommitOptions(idempotency_key="job-x"),
+        )
+    assert lance.dataset(path).version == 2

@@ -14,6 +14,7 @@ The two processes start once for the module; each round costs about two commits.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -31,11 +32,13 @@ from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 
-ROUNDS = 20
+#: Rounds of the race (the issue's acceptance asks for 20; ``LANCETX_KEY_RACE_ROUNDS``
+#: changes it, e.g. for a quick local run).
+ROUNDS = int(os.environ.get("LANCETX_KEY_RACE_ROUNDS", "20"))
 #: Versions cleanup keeps (the others and their DynamoDB items are removed).
-KEPT = 10
+KEPT = ROUNDS // 2
 #: Keys of removed versions committed again after the cleanup (by both processes).
-OLD_KEYS_AGAIN = 5
+OLD_KEYS_AGAIN = min(5, ROUNDS - KEPT - 1)
 
 
 @pytest.fixture(scope="module")
