@@ -13,9 +13,9 @@ Two sources, in this order:
    A version claimed by lancetx names its key in its DynamoDB entry (no read);
    the others are read once per process (the commit loop's transaction cache,
    :data:`~lancetx.commit.engine.txn_cache.TRANSACTIONS`, which also holds every
-   version a commit loop of the process loaded). A version whose manifest is gone
-   (removed by ``cleanup``) is skipped: on a table without key items its key is
-   forgotten with it.
+   version a commit loop of the process loaded). A version ``cleanup`` removed is
+   skipped (:func:`lancetx.history.map_versions`): on a table without key items its
+   key is forgotten with it.
 
 The look-up is the fast path only. What makes a key land at most once under
 concurrency is the claim (the key item is claimed with the version, atomically)
@@ -26,16 +26,14 @@ holds that parent).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
 from lancetx.commit.engine.operations import Rewrite, Transaction
 from lancetx.commit.engine.txn_cache import TRANSACTIONS
-from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
-from lancetx.commit.format.manifest import read_manifest_at
+from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.history import map_versions
 
 __all__ = ["READ_PARALLELISM", "find_committed_key"]
 
@@ -71,30 +69,10 @@ def find_committed_key(
         for loc in newest_first
         if loc.summary is None and (by_summary is None or loc.version > by_summary)
     ]
-    if not unread:
-        return by_summary
-    with ThreadPoolExecutor(max_workers=min(READ_PARALLELISM, len(unread))) as pool:
-        for start in range(0, len(unread), READ_PARALLELISM):
-            batch = unread[start : start + READ_PARALLELISM]
-            for location, found_key in zip(
-                batch, pool.map(lambda loc: _key_of(handler, base, loc), batch), strict=True
-            ):
-                if found_key == key:
-                    return location.version
-    return by_summary
-
-
-def _key_of(handler: CommitHandler, base: str, location: ManifestLocation) -> str | None:
-    """The idempotency key of the version at ``location`` (None: none, or its manifest
-    is gone)."""
     uri = handler.store.uri(base)
-    txn = TRANSACTIONS.get(uri, location)
-    if txn is None:
-        try:
-            manifest = read_manifest_at(handler.store, location)
-            pb = read_transaction_of(handler.store, base, manifest)
-        except ObjectNotFoundError:
-            return None  # removed (cleanup): nothing to read a key from
+
+    def read(location: ManifestLocation, manifest: ManifestFile) -> str | None:
+        pb = read_transaction_of(handler.store, base, manifest)
         if pb is None:
             return None
         txn = Transaction.from_proto(pb, source=handler.store.uri(location.key))
@@ -102,4 +80,29 @@ def _key_of(handler: CommitHandler, base: str, location: ManifestLocation) -> st
             # A Rewrite's cached form carries its fragment-reuse index (the commit
             # loop adds it from the manifest); leave those to the loop.
             TRANSACTIONS.put(uri, location, txn)
+        return _key_of(txn)
+
+    for start in range(0, len(unread), READ_PARALLELISM):
+        batch = unread[start : start + READ_PARALLELISM]
+        keys: dict[int, str | None] = {}
+        uncached: list[ManifestLocation] = []
+        for location in batch:
+            txn = TRANSACTIONS.get(uri, location)
+            if txn is None:
+                uncached.append(location)
+            else:
+                keys[location.version] = _key_of(txn)
+
+        # Versions a cleanup removed are left out (their keys went with them).
+        for location, found_key in map_versions(
+            handler.store, base, uncached, read, parallelism=READ_PARALLELISM
+        ):
+            keys[location.version] = found_key
+        for location in batch:  # newest first
+            if keys.get(location.version) == key:
+                return location.version
+    return by_summary
+
+
+def _key_of(txn: Transaction) -> str | None:
     return txn.properties.get(IDEMPOTENCY_KEY) or None

@@ -96,7 +96,8 @@ class TableState:
         loaded = load_versions(handler, base, missing)
         with self._lock:
             self._infos.update((info.version, info) for info in loaded)
-            return [self._infos[loc.version] for loc in locations]
+            # Versions a cleanup removed were left out by load_versions.
+            return [self._infos[loc.version] for loc in locations if loc.version in self._infos]
 
     def find_idempotency_key(self, key: str, *, since: int = 0) -> int | None:
         """The version committed with idempotency ``key``, or None: its key item
