@@ -107,6 +107,7 @@ def _check_rounds(
     return versions
 
 
+@pytest.mark.slow  # two spawned processes, 45 rounds of two commits each
 @pytest.mark.parametrize("door", ["commit_fragments", "append"])
 def test_two_processes_commit_one_key_once_before_and_after_cleanup(
     pool: tuple[ProcessPoolExecutor, Any],
