@@ -218,7 +218,6 @@ def discard(
         describe=store.uri,
         claim=claim,
         callers=callers,
-        what=claim.table_uri if claim is not None and claim.table_uri else "commit",
     )
 
 

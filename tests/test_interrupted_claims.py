@@ -97,6 +97,9 @@ def test_unknown_outcome_at_the_claim_keeps_every_file(
         assert "may have landed" in message and "lancetx-sync gc" in message, message
     elif door == "commit_fragments":
         assert "are the caller's" in message, message
+    else:
+        assert "the all-or-nothing claim of version 2 of" in message, message
+        assert "_transactions/" in message and "are the caller's" in message, message
 
 
 @pytest.mark.parametrize("door", IN_PROCESS)

@@ -54,6 +54,7 @@ __all__ = [
     "Claim",
     "Kept",
     "keep",
+    "keep_unsettled",
     "kept_on",
     "may_delete",
     "note_claim",
@@ -74,6 +75,8 @@ class Claim:
     idempotency_key: str | None = None
     #: The external store's ``base_uri`` of the table (the DynamoDB hash key).
     entry_base: str | None = None
+    #: What was claimed, when it is not one version of one table (``commit_many``).
+    what: str | None = None
 
     def merged(self, other: Claim) -> Claim:
         """This claim with the fields it lacks taken from ``other``."""
@@ -84,10 +87,13 @@ class Claim:
             transaction_uuid=self.transaction_uuid or other.transaction_uuid,
             idempotency_key=self.idempotency_key or other.idempotency_key,
             entry_base=self.entry_base or other.entry_base,
+            what=self.what or other.what,
         )
 
     def describe(self) -> str:
         """'version 7 of 's3+ddb://…' (transaction …)', as far as it is known."""
+        if self.what is not None:
+            return self.what
         what = f"version {self.version}" if self.version is not None else "a new version"
         where = f" of {self.table_uri!r}" if self.table_uri else ""
         txn = f" (transaction {self.transaction_uuid})" if self.transaction_uuid else ""
@@ -206,7 +212,6 @@ def release(
     describe: Callable[[str], str] = str,
     claim: Claim | None = None,
     callers: int = 0,
-    what: str = "commit",
 ) -> bool:
     """Apply the rule to ``files`` a commit wrote (keys for ``delete``): delete them
     when :func:`may_delete` says so (best effort: an orphan is harmless, gc collects
@@ -224,7 +229,7 @@ def release(
                 log.warning("could not delete unreferenced %s (%s)", describe(key), exc)
         return True
     assert error is not None
-    keep(error, [describe(k) for k in keys], claim=claim, callers=callers, what=what)
+    keep(error, [describe(k) for k in keys], claim=claim, callers=callers)
     return False
 
 
@@ -234,7 +239,6 @@ def keep(
     *,
     claim: Claim | None = None,
     callers: int = 0,
-    what: str = "commit",
 ) -> None:
     """Record ``files`` (full URIs) as kept on ``error`` and say so once: a log warning
     now, and the error's message (or, for an exception that is not ours, a note shown
@@ -252,12 +256,20 @@ def keep(
         return  # nothing new to say (an outer layer applying the rule to the same files)
     kept.callers = max(kept.callers, callers)
     text = kept.message(why_kept(error))
-    log.warning("%s: %s", what, text)
+    log.warning("%s", text)
     if isinstance(error, CommitStateUnknownError):
         error.kept_files = tuple(kept.files)
         error.kept_message = text
     else:
         _set_note(error, f"lancetx: {text}")
+
+
+def keep_unsettled(files: Collection[str], claim: Claim, reason: str, *, callers: int = 0) -> None:
+    """Say that ``files`` are kept for a commit whose outcome this code cannot know
+    and that raised nothing here (e.g. Spark's ``abort()`` after ``commit()`` failed,
+    in another process)."""
+    if files or callers:
+        log.warning("%s", Kept(claim, list(files), callers).message(reason))
 
 
 def _set_note(error: BaseException, text: str) -> None:
