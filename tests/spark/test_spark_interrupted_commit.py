@@ -31,7 +31,7 @@ def test_a_job_interrupted_at_its_claim_keeps_the_version_that_landed(
     spark.range(0, 10, 1, 1).write.format("lancetx").mode("append").options(**opts).save(ddb_uri)
     job = f"interrupted-{effect}"
     with AtTheClaim(legacy_aws, effect) as fault:
-        with pytest.raises(Exception) as failed:  # noqa: PT011 - Spark wraps the worker's end
+        with pytest.raises(Exception) as failed:
             spark.range(10, 30, 1, 2).write.format("lancetx").mode("append").options(
                 **spark_options(victim_options(storage))
             ).option("job_id", job).save(ddb_uri)
