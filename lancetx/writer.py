@@ -265,6 +265,9 @@ class TableWriter:
             self._state = "aborted"
             self._cleanup(None)  # pylance failed: nothing was committed
             raise
+        # From here on the files are the commit's: only the rule decides their fate
+        # (a claim may land), never the finalizer of a dropped writer.
+        self._detach()
         fragments = self._stream.fragments
 
         def plan(ctx: PlanContext) -> Transaction:

@@ -303,6 +303,12 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
         except LancetxError as exc:
             if uncertain is None:
                 _discard(job, frag_json, exc)  # refused or never sent: deleted
+            else:  # an earlier attempt of this job may have landed
+                keep_unsettled(
+                    [_describe(job)(p) for p in fragment_file_paths(frag_json)],
+                    job_claim(job),
+                    f"an earlier attempt's outcome is unknown ({uncertain})",
+                )
             raise
         if result.deduplicated:
             log.info("job %s is already in version %d of %s", job.job_id, result.version, uri)

@@ -444,9 +444,11 @@ def pylance_append(uri: str, options: Mapping[str, str] | None, data: pa.Table) 
     return int(ds.version)
 
 
-#: pylance's message when every attempt of its own commit budget lost the claim race
-#: (each claim refused by DynamoDB's condition: nothing landed).
+#: pylance's messages when every attempt of its own commit budget lost the claim race
+#: (each claim refused by DynamoDB's condition: nothing landed) — its count of
+#: attempts, or its 30 s ``retry_timeout``, checked between attempts.
 PYLANCE_LOST_EVERY_RACE = "Failed to commit the transaction after"
+PYLANCE_OUT_OF_TIME = "Too many concurrent writers"
 #: How long :func:`pylance_append_landing` keeps committing again (generous: a loaded
 #: machine must not turn contention into a failure).
 PYLANCE_LANDING_BUDGET = 600.0
@@ -483,7 +485,8 @@ def pylance_append_landing(
                 max_retries=max_retries,
             )
         except Exception as exc:
-            if PYLANCE_LOST_EVERY_RACE not in str(exc) or time.monotonic() > deadline:
+            lost = PYLANCE_LOST_EVERY_RACE in str(exc) or PYLANCE_OUT_OF_TIME in str(exc)
+            if not lost or time.monotonic() > deadline:
                 raise
             continue
         return int(committed.version)
