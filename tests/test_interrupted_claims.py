@@ -118,7 +118,7 @@ def test_ctrl_c_at_the_claim_keeps_every_file(
 
         with pytest.raises(KeyboardInterrupt):
             DOORS[door](_uris(door, tables), victim_options(options), ack)
-        assert fault.interrupted.is_set()
+        assert fault.interrupted.is_set() and fault.reacted
     _judge(door, tables, options)
     if door in OWNS_DATA:
         warning = _kept_warning(caplog)

@@ -31,12 +31,12 @@ def test_a_job_interrupted_at_its_claim_keeps_the_version_that_landed(
     spark.range(0, 10, 1, 1).write.format("lancetx").mode("append").options(**opts).save(ddb_uri)
     job = f"interrupted-{effect}"
     with AtTheClaim(legacy_aws, effect) as fault:
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(Exception):  # noqa: B017 - Spark wraps the worker's end its own ways
             spark.range(10, 30, 1, 2).write.format("lancetx").mode("append").options(
                 **spark_options(victim_options(storage))
             ).option("job_id", job).save(ddb_uri)
         assert fault.fired.is_set() and fault.victim_pid is not None
-    print(type(failed.value).__name__, str(failed.value)[:300])
+        assert effect == "kill" or fault.reacted  # Ctrl-C arrived before any answer
     assert check_every_version_opens(ddb_uri, storage) == {1: 10, 2: 30}
     assert lance_ids(ddb_uri, storage) == list(range(30))
     assert last_commit(ddb_uri, job, storage) == 2
