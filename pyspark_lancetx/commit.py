@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY, load_parent
-from lancetx.commit.engine.unreferenced import Claim, keep_unsettled, release
+from lancetx.commit.engine.unreferenced import Claim, keep, keep_unsettled, may_delete
 from lancetx.commit.errors import LancetxError, RetriesExhaustedError, TransientObjectStoreError
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
@@ -367,12 +367,10 @@ def _discard_unreferenced(job: JobCommit, fragments: list[dict[str, Any]], versi
 
 def _discard_paths(job: JobCommit, paths: list[str], error: BaseException | None = None) -> None:
     """Apply the rule to the job's data files (``error`` None: provably unreferenced)."""
-    left: list[str] = []
-
-    def delete(path: str) -> None:
-        left.extend(remove_data_files(job.plan, [path]))
-
-    release(paths, error, delete=delete, describe=_describe(job), claim=job_claim(job))
+    if error is not None and not may_delete(error):
+        keep(error, [_describe(job)(p) for p in paths], claim=job_claim(job))
+        return
+    left = remove_data_files(job.plan, paths)
     if left:
         log.warning("job %s: could not remove %d unreferenced data file(s)", job.job_id, len(left))
 
