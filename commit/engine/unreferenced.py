@@ -216,8 +216,8 @@ def release(
     """Apply the rule to ``files`` a commit wrote (keys for ``delete``): delete them
     when :func:`may_delete` says so (best effort: an orphan is harmless, gc collects
     it), else keep them, log which and why, and record them on ``error`` with what
-    settles the outcome (``CommitStateUnknownError.kept``; a note on any other
-    exception). ``callers``: how many data files of the caller's the commit carried
+    settles the outcome (``CommitStateUnknownError.kept_files`` and its message; a
+    note on any other exception). ``callers``: how many data files of the caller's the commit carried
     (never deleted; named in the message). Returns True when the files were deleted.
     """
     keys = sorted(set(files))
