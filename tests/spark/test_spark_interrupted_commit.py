@@ -35,7 +35,7 @@ def test_a_job_interrupted_at_its_claim_keeps_the_version_that_landed(
             spark.range(10, 30, 1, 2).write.format("lancetx").mode("append").options(
                 **spark_options(victim_options(storage))
             ).option("job_id", job).save(ddb_uri)
-        assert fault.fired.is_set() and fault.victim_pid is not None
+        assert fault.fired.wait(60) and fault.victim_pid is not None
         assert effect == "kill" or fault.reacted  # Ctrl-C arrived before any answer
     assert check_every_version_opens(ddb_uri, storage) == {1: 10, 2: 30}
     assert lance_ids(ddb_uri, storage) == list(range(30))

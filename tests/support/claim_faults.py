@@ -99,11 +99,11 @@ def pid_of_client(port: int) -> int | None:
     if inode is None:
         return None
     needle = f"socket:[{inode}]"
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid() and _holds(int(entry), needle):
-            return int(entry)
     if _holds(os.getpid(), needle):
         return os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _holds(int(entry), needle):
+            return int(entry)
     return None
 
 
@@ -124,7 +124,8 @@ class AtTheClaim:
         #: Set by this process's SIGINT handler (see :func:`acknowledge_sigint`).
         self.interrupted = threading.Event()
         self.victim_pid: int | None = None
-        #: Whether the victim reacted to SIGINT before the server answered.
+        #: Whether the victim reacted to SIGINT before the server answered (set
+        #: before ``fired``: wait for that first).
         self.reacted = False
         self._lock = threading.Lock()
 
