@@ -39,6 +39,7 @@ import pyarrow as pa
 from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.engine.unreferenced import may_delete
+from lancetx.commit.errors import LancetxError
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.committing import (
     CommitArgs,
@@ -346,7 +347,21 @@ class TableWriter:
         ours = set(self._keys())
         if not ours:
             return
-        found = load_parent(conn.handler, conn.base, version)
+        try:
+            found = load_parent(conn.handler, conn.base, version)
+        except LancetxError as exc:
+            # The version holding the key cannot be read (cleanup removed it): which of
+            # our files it refers to cannot be told, so none is deleted (gc collects).
+            log.warning(
+                "%s: idempotency key %r is committed as version %d, which cannot be read "
+                "(%s); the %d data file(s) this writer wrote are kept",
+                self.uri,
+                self._args.idempotency_key,
+                version,
+                exc,
+                len(ours),
+            )
+            return
         referenced: set[str] = set()
         if found is not None:
             for fragment in found.manifest.manifest.fragments:
