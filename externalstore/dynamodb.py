@@ -834,7 +834,7 @@ def put_all_if_not_exists_plan(
 
 def put_if_exists_plan(
     ctx: PlanContext, entry: ManifestEntry, expected_path: str | None
-) -> Plan[None]:
+) -> Plan[ManifestEntry | None]:
     """Conditional PutItem replacing an existing entry; see ExternalManifestStore.put_if_exists."""
     params: dict[str, Any] = {
         "TableName": ctx.table,
@@ -858,7 +858,7 @@ def put_if_exists_plan(
     if existing is None:
         raise EntryNotFoundError(action, resource, entry.base_uri, entry.version)
     if pointer_flip_done(existing, entry):
-        return None
+        return existing
     raise EntryMismatchError(action, resource, entry, expected_path, existing)
 
 
@@ -1218,8 +1218,10 @@ class DynamoDBManifestStore(ExternalManifestStore):
     def put_if_not_exists(self, entry: ManifestEntry) -> None:
         self._write(put_if_not_exists_plan(self._ctx, entry))
 
-    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
-        self._write(put_if_exists_plan(self._ctx, entry, expected_path))
+    def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> ManifestEntry | None:
+        return self._write(put_if_exists_plan(self._ctx, entry, expected_path))
 
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str

@@ -112,6 +112,7 @@ from lancetx.commit.format.manifest import (
 )
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import decode_transaction, transaction_file_name
+from lancetx.commit.format.versioning import LIBRARY_NAME
 from lancetx.commit.handlers.interface import (
     AsyncCommitHandler,
     CommitHandler,
@@ -588,6 +589,8 @@ class _Loaded:
     transaction: Transaction
     location: ManifestLocation
     manifest: ManifestFile | None
+    #: The library that wrote its manifest (``writer_version.library``), if known.
+    writer: str | None = None
 
 
 def _attempts(
@@ -1036,9 +1039,9 @@ def _load_one(
     (``known``'s, when that is this version's, else read)."""
     uri = names.uri(base)
     if not need_manifest:
-        cached = TRANSACTIONS.get(uri, location)
+        cached = TRANSACTIONS.get_with_writer(uri, location)
         if cached is not None:
-            return _Loaded(location.version, cached, location, None)
+            return _Loaded(location.version, cached[0], location, None, writer=cached[1])
     try:
         if known is not None and known.location == location:
             manifest = known.manifest
@@ -1072,8 +1075,9 @@ def _load_one(
             txn = dataclasses.replace(
                 txn, operation=dataclasses.replace(txn.operation, frag_reuse_index=reuse[0])
             )
-    TRANSACTIONS.put(uri, location, txn)
-    return _Loaded(location.version, txn, location, manifest)
+    writer = manifest.manifest.writer_version.library or None
+    TRANSACTIONS.put(uri, location, txn, writer)
+    return _Loaded(location.version, txn, location, manifest, writer=writer)
 
 
 def _load_newer(
@@ -1122,9 +1126,6 @@ def _load_listed(
             "(cleaned up, or not listed yet), so concurrent commits cannot be checked against "
             "them; re-read the table at its latest version and plan the transaction again",
         )
-    if any(loc.summary is None for loc in locations):
-        # Written by a writer that keeps no queue (pylance): see TableContention.queue_fair.
-        contention.table_contention(names.uri(base)).outsider(time.monotonic())
     newest = locations[-1].version
     loads = [
         _load_one(names, base, loc, need_manifest=loc.version == newest, known=known)
@@ -1132,7 +1133,18 @@ def _load_listed(
         if loc.version == newest or not _settled_by_summary(ours, loc.summary)
     ]
     loaded: list[_Loaded] = yield Gather(loads, LOAD_PARALLELISM)
+    if any(_outsider(ld) for ld in loaded):
+        contention.table_contention(names.uri(base)).outsider(time.monotonic())
     return sorted(loaded, key=lambda item: item.version)
+
+
+def _outsider(loaded: _Loaded) -> bool:
+    """Whether a version was committed by a writer that keeps no queue (pylance): see
+    TableContention.queue_fair. Its entry has no summary — but neither has one of
+    ours that a pylance reader finalized (its full-item PutItem keeps only Lance's
+    attributes), so the manifest's writer decides. Every summary-less version is
+    loaded (its summary cannot settle it), so this costs no request."""
+    return loaded.location.summary is None and loaded.writer != LIBRARY_NAME
 
 
 def _load_committed(

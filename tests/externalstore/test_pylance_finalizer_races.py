@@ -185,7 +185,7 @@ def test_racing_finalizers_every_interleaving(readers: int, with_writer: bool) -
     ends final, and the final object holds the winner's bytes, never the loser's
     staged object of the same version."""
     explored = explore(lambda: _q2_world(readers, with_writer), _q2_check)
-    assert explored > 1000
+    assert explored > 500  # orders of commuting effects run once each (see explore)
 
 
 def test_reader_seeing_staged_gone_and_final_wrong_size_refuses() -> None:
