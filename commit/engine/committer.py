@@ -138,13 +138,18 @@ __all__ = [
     "CommitOptions",
     "Committed",
     "Parent",
+    "QueueTurn",
     "RetryPolicy",
     "commit_steps",
     "commit_transaction",
     "commit_transaction_async",
+    "end_turn_steps",
+    "join_queue_steps",
     "load_parent",
     "load_parent_async",
     "load_parent_steps",
+    "turn_served",
+    "wait_turn_steps",
 ]
 
 
@@ -348,7 +353,7 @@ def commit_steps(
     # conflicting transaction leaves nothing behind. Never after an unknown outcome.
     written: list[str] = []
     counter = _Counter()
-    turn = _Turn()
+    turn = QueueTurn()
     try:
         committed: Committed = yield from counter.wrap(
             _attempts(
@@ -380,7 +385,7 @@ def commit_steps(
 
 
 @dataclass
-class _Turn:
+class QueueTurn:
     """Our place in the table's commit queue, once we joined it."""
 
     ticket: int | None = None
@@ -396,7 +401,42 @@ class _Turn:
     served_at: float = 0.0
 
 
-def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
+def join_queue_steps(names: Names, base: str) -> Steps[QueueTurn | None]:
+    """Take a ticket in the table's commit queue, for a writer that claims outside
+    :func:`commit_steps` (``commit_many``); None when the handler keeps no queue or
+    writers outside the queue commit to the table now (see
+    :meth:`~lancetx.commit.engine.contention.TableContention.queue_fair`).
+
+    A claim whose entry records the ticket serves it; otherwise
+    :func:`end_turn_steps` must."""
+    turn = QueueTurn()
+    joined = yield from _join_queue(base, turn, contention.table_contention(names.uri(base)))
+    return turn if joined else None
+
+
+def wait_turn_steps(
+    names: Names, base: str, turn: QueueTurn, policy: RetryPolicy, since: int
+) -> Steps[None]:
+    """Wait until every ticket before ``turn``'s was served (or the queue stalls),
+    watching the versions after ``since`` (see :func:`join_queue_steps`)."""
+    contended = contention.table_contention(names.uri(base))
+    yield from _wait_for_turn(names, base, turn, contended, policy, since, None)
+
+
+def turn_served(names: Names, base: str, turn: QueueTurn, version: int) -> None:
+    """``turn``'s ticket was served by the claim of ``version`` (its entry records it)."""
+    if turn.ticket is not None:
+        contention.table_contention(names.uri(base)).saw_served(turn.ticket, version, time.time())
+    turn.ticket = None
+
+
+def end_turn_steps(names: Names, base: str, turn: QueueTurn) -> Steps[None]:
+    """Serve ``turn``'s ticket in the queue item (a turn that ends without a claim
+    recording it), unless it was served already. Errors are logged, never raised."""
+    yield from _end_turn(names, base, turn)
+
+
+def _join_queue(base: str, turn: QueueTurn, contended: contention.TableContention) -> Steps[bool]:
     """Take a ticket unless we hold one; False when the handler keeps no queue.
 
     Where the queue stands comes from two places: the queue item (tickets
@@ -428,7 +468,7 @@ def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -
 
 
 def _served_by_claims(
-    turn: _Turn, listed: list[ManifestLocation], contended: contention.TableContention
+    turn: QueueTurn, listed: list[ManifestLocation], contended: contention.TableContention
 ) -> bool:
     """Move ``turn`` on by the tickets the listed claims served; True if it moved.
     The stamps of the claims new to us time the queue's turns."""
@@ -454,14 +494,36 @@ def _served_by_claims(
     return True
 
 
+def _served_by_unmarked(turn: QueueTurn, listed: list[ManifestLocation]) -> bool:
+    """Next in line, a version claimed after the last claim known to serve a ticket
+    whose entry shows no ticket at all (no summary) is taken as the turn before ours
+    ending; True if it moved ``turn``.
+
+    Such an entry is one of ours that a pylance reader finalized after its writer's
+    flip (pylance's full-item PutItem keeps only Lance's attributes, and nobody can
+    tell the ticket it carried), or a commit by a writer outside the queue. Waiting
+    for a ticket we can no longer see would stand the whole queue still until the
+    stall limit; going now costs at worst one lost round against the holder."""
+    assert turn.ticket is not None
+    if turn.ticket - turn.served - 1 != 1:
+        return False
+    unmarked = [loc for loc in listed if loc.summary is None and loc.version > turn.served_version]
+    if not unmarked:
+        return False
+    turn.served = turn.ticket - 1
+    turn.served_version = unmarked[-1].version
+    turn.served_at = time.time()
+    return True
+
+
 def _wait_for_turn(
     names: Names,
     base: str,
-    turn: _Turn,
+    turn: QueueTurn,
     contended: contention.TableContention,
     policy: RetryPolicy,
     since: int,
-    ours: Transaction,
+    ours: Transaction | None,
 ) -> Steps[list[_Loaded] | None]:
     """Wait until every ticket before ours was served (or the queue stalls).
 
@@ -472,7 +534,7 @@ def _wait_for_turn(
     queue stands still it also reads the queue item now and then: a writer
     whose turn ended without a claim (refused, gave up) serves its ticket
     there. Returns the versions committed after ``since`` when it loaded
-    them, else None.
+    them (never without ``ours``), else None.
     """
     assert turn.ticket is not None
     last_served, last_change = turn.served, time.monotonic()
@@ -502,7 +564,8 @@ def _wait_for_turn(
         )
         seen.extend(listed)
         moved = _served_by_claims(turn, listed, contended)
-        if moved and turn.ticket - turn.served - 1 <= 0:
+        moved = _served_by_unmarked(turn, listed) or moved
+        if moved and turn.ticket - turn.served - 1 <= 0 and ours is not None:
             newer = yield from _load_listed(names, base, since, seen, ours=ours)
         elif not moved and min(standing, now - checked) > contention.queue_check_after(contended):
             # Standing still: did the holder end its turn without a claim? It
@@ -569,7 +632,7 @@ def _write_transaction(
     return serialized
 
 
-def _end_turn(names: Names, base: str, turn: _Turn) -> Steps[None]:
+def _end_turn(names: Names, base: str, turn: QueueTurn) -> Steps[None]:
     if turn.ticket is None:
         return
     ticket, turn.ticket = turn.ticket, None
@@ -604,7 +667,7 @@ def _attempts(
     options: CommitOptions,
     written: list[str],
     counter: _Counter,
-    turn: _Turn,
+    turn: QueueTurn,
 ) -> Steps[Committed]:
     """The retry loop of :func:`commit_steps`; records what it writes in ``written``
     and its place in the table's commit queue in ``turn``."""
