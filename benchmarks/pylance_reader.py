@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import boto3
 import lance
 from _harness import Bench, environment, fmt, markdown_table, percentile, start_bench, write_json
 
@@ -70,6 +71,8 @@ class Run:
     appends: list[Append] = field(default_factory=list)
     outsider_marks: int = 0
     queue_stalls: int = 0
+    stripped_items: int = 0
+    stall_details: list[str] = field(default_factory=list)
     reader_opens: int = 0
     reader_errors: list[str] = field(default_factory=list)
     versions_seen_by_reader: int = 0
@@ -103,6 +106,8 @@ class Run:
             "mean_attempts": statistics.fmean(attempts) if attempts else None,
             "outsider_marks": self.outsider_marks,
             "queue_stalls": self.queue_stalls,
+            "stripped_items": self.stripped_items,
+            "stall_details": self.stall_details,
             "reader_opens": self.reader_opens,
             "reader_errors": self.reader_errors,
             "versions_seen_by_reader": self.versions_seen_by_reader,
@@ -123,10 +128,12 @@ class _StallCounter(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.count = 0
+        self.details: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.msg.startswith("commit queue of") and "goes ahead" in record.msg:
             self.count += 1
+            self.details.append(record.getMessage())
 
 
 def writer_main(
@@ -163,7 +170,7 @@ def writer_main(
         results.append(
             asdict(Append(name, seq, time.perf_counter() - started, True, attempts=parent.attempts))
         )
-    out.put((results, marks[0], stalls.count))
+    out.put((results, marks[0], stalls.count, stalls.details))
 
 
 def reader_main(uri: str, options: dict[str, str], poll: float, stop: Any, out: Any) -> None:
@@ -205,7 +212,8 @@ def run_one(bench: Bench, label: str, writers: int, appends: int, poll: float | 
     started = time.perf_counter()
     run = Run(label, writers, appends)
     for _ in procs:
-        results, marks, stalls = out.get(timeout=BARRIER_TIMEOUT * 5)
+        results, marks, stalls, details = out.get(timeout=BARRIER_TIMEOUT * 5)
+        run.stall_details += details
         run.appends += [Append(**r) for r in results]
         run.outsider_marks += marks
         run.queue_stalls += stalls
@@ -218,6 +226,7 @@ def run_one(bench: Bench, label: str, writers: int, appends: int, poll: float | 
             timeout=BARRIER_TIMEOUT
         )
         reader.join()
+    run.stripped_items = _stripped_items(bench, uri)
     ds = lance.dataset(uri, storage_options=options)
     table = ds.to_table(columns=["writer", "seq"])
     present = Counter(
@@ -226,6 +235,22 @@ def run_one(bench: Bench, label: str, writers: int, appends: int, poll: float | 
     wanted = {(a.writer, a.seq) for a in run.committed}
     run.complete = all(present[k] == 10 for k in wanted) and set(present) - {("setup", 0)} == wanted
     return run
+
+
+def _stripped_items(bench: Bench, uri: str) -> int:
+    """Items of the run's table left without lancetx's attributes (a pylance reader's
+    finalization that nobody could undo)."""
+    ddb_table = uri.rsplit("ddbTableName=", 1)[-1]
+    base = uri.split("://", 1)[1].split("/", 1)[1].split("?", 1)[0]
+    client = boto3.client("dynamodb", **bench.aws.client_kwargs("dynamodb"))
+    pages = client.get_paginator("query").paginate(
+        TableName=ddb_table,
+        KeyConditionExpression="base_uri = :b",
+        ExpressionAttributeValues={":b": {"S": base}},
+        ConsistentRead=True,
+    )
+    items = [i for page in pages for i in page["Items"]]
+    return sum(1 for i in items if int(i["version"]["N"]) > 1 and "txn_uuid" not in i)
 
 
 def report(runs: Sequence[Run]) -> str:
@@ -246,6 +271,7 @@ def report(runs: Sequence[Run]) -> str:
                 ", ".join(f"{k} x{v}" for k, v in r.errors().items()) or "-",
                 str(r.outsider_marks),
                 str(r.queue_stalls),
+                str(r.stripped_items),
                 str(r.reader_opens) if r.reader_opens else "-",
                 "yes" if r.complete else "NO",
             ]
@@ -263,6 +289,7 @@ def report(runs: Sequence[Run]) -> str:
             "errors",
             "outsider marks",
             "queue stalls",
+            "items left stripped",
             "reader opens",
             "all rows once",
         ],

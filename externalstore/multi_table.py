@@ -28,7 +28,22 @@ round's staged manifests, transaction files and merged deletion files are
 removed. A table with an expected version then fails with
 ExpectedVersionMismatchError naming it; otherwise every table is prepared
 again on its new latest version (its conflicts checked again) and claimed
-again, within the retry policy.
+again, within the retry policy (a time budget, like a single commit's).
+
+**Beside single-table writers.** Writers under contention take turns in each
+table's commit queue (:mod:`lancetx.commit.engine.contention`) and claim back to
+back; a round of this commit (every table prepared, then one claim) outside the
+queue would lose nearly every time. So after its first lost round (or at once,
+when this process met contention on one of the tables moments ago) it takes a
+ticket in every table's queue that keeps one, waits until its turn has come in
+each (tables in a fixed order), prepares and claims; the claimed entries record
+the tickets, which serves them, as a single-table claim does. A turn that ends
+without a claim is served in the queue item.
+
+**A retry after an unknown outcome.** A transaction already committed (its
+uuid found among the versions since its read version: the claim of an earlier
+call landed) is not prepared again; its version is returned with
+``deduplicated=True``, and only the others are claimed.
 """
 
 from __future__ import annotations

@@ -495,22 +495,22 @@ def _served_by_claims(
 
 
 def _served_by_unmarked(turn: QueueTurn, listed: list[ManifestLocation]) -> bool:
-    """Next in line, a version claimed after the last claim known to serve a ticket
-    whose entry shows no ticket at all (no summary) is taken as the turn before ours
-    ending; True if it moved ``turn``.
+    """Count each listed version that shows no ticket at all (no summary) and is newer
+    than the last claim known to serve one as serving the next ticket (never ours);
+    True if it moved ``turn``.
 
-    Such an entry is one of ours that a pylance reader finalized after its writer's
-    flip (pylance's full-item PutItem keeps only Lance's attributes, and nobody can
-    tell the ticket it carried), or a commit by a writer outside the queue. Waiting
-    for a ticket we can no longer see would stand the whole queue still until the
-    stall limit; going now costs at worst one lost round against the holder."""
+    Such an entry is mostly one of ours that a pylance reader finalized after its
+    writer's flip: pylance's full-item PutItem keeps only Lance's attributes, and
+    nobody can tell the ticket it carried. Waiting for tickets we can no longer see
+    would stand the queue still until the stall limit; counting one too many (the
+    version was an outsider's, or a claim made outside the queue) costs at worst one
+    lost round against the holder, who claims right after."""
     assert turn.ticket is not None
-    if turn.ticket - turn.served - 1 != 1:
-        return False
     unmarked = [loc for loc in listed if loc.summary is None and loc.version > turn.served_version]
-    if not unmarked:
+    served = min(turn.ticket - 1, turn.served + len(unmarked))
+    if served <= turn.served:
         return False
-    turn.served = turn.ticket - 1
+    turn.served = served
     turn.served_version = unmarked[-1].version
     turn.served_at = time.time()
     return True

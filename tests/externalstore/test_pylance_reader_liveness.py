@@ -18,8 +18,11 @@ real pylance:
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,12 +42,17 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine import contention
-from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.engine.committer import CommitOptions, Committed, load_parent
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 ROWS = 5
+#: Writers x appends beside the polling reader (the acceptance run: 4 x 40).
+WRITERS = 4
+APPENDS = int(os.environ.get("LANCETX_PYLANCE_READER_APPENDS", "8"))
+#: How often the reader opens the table (seconds).
+POLL = 0.05
 
 
 @dataclass
@@ -212,3 +220,81 @@ def test_a_reader_finishing_another_writers_version_reads_it_whatever_the_flip_a
     assert lake.pylance_opens() == version
     rows = lance.dataset(lake.uri, storage_options=lake.options).count_rows()
     assert rows == 2 * ROWS
+
+
+def test_writers_beside_a_polling_pylance_reader_keep_their_queue(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four lancetx writers append while a pylance reader opens the table every 50 ms
+    (finalizing whatever newest version is still staged). No version of theirs is
+    taken for an outsider's (which turned the queue off for 10 s at a time), no
+    commit runs out of budget, every append lands once, and every version the
+    reader opened still opens. Timing is measured in benchmarks/pylance_reader.py,
+    not asserted here."""
+    marks: list[float] = []
+    original = contention.TableContention.outsider
+
+    def counted(self: contention.TableContention, now: float) -> None:
+        marks.append(now)
+        original(self, now)
+
+    monkeypatch.setattr(contention.TableContention, "outsider", counted)
+    stop = threading.Event()
+    opened: list[int] = []
+    reader_errors: list[BaseException] = []
+    writer_errors: list[BaseException] = []
+    acked: list[Committed] = []
+    lock = threading.Lock()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                opened.append(lake.pylance_opens())
+            except BaseException as exc:
+                reader_errors.append(exc)
+            stop.wait(POLL)
+
+    def writer(name: str) -> None:
+        conn = lake.connect()
+        parent = None
+        try:
+            for seq in range(APPENDS):
+                parent = lancetx_append(
+                    conn.handler,
+                    conn.base,
+                    conn.data_uri,
+                    lake.options,
+                    batch(name, seq, ROWS),
+                    parent,
+                    options=CommitOptions(),
+                )
+                with lock:
+                    acked.append(parent)
+        except BaseException as exc:
+            writer_errors.append(exc)
+
+    polling = threading.Thread(target=reader)
+    polling.start()
+    while not opened and not reader_errors:
+        time.sleep(0.01)
+    writers = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(WRITERS)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(600)
+    stop.set()
+    polling.join(60)
+
+    assert not writer_errors, writer_errors  # no RetriesExhaustedError, nothing else
+    assert not reader_errors, reader_errors
+    assert marks == [], f"the queue was turned off {len(marks)} time(s) by lancetx's own versions"
+    assert len(acked) == WRITERS * APPENDS
+    assert sorted(c.version for c in acked) == list(range(2, 2 + WRITERS * APPENDS))
+    table = lance.dataset(lake.uri, storage_options=lake.options).to_table()
+    rows = Counter(zip(table["writer"].to_pylist(), table["seq"].to_pylist(), strict=True))
+    assert rows == Counter(
+        {("setup", 0): ROWS, **{(f"w{i}", q): ROWS for i in range(WRITERS) for q in range(APPENDS)}}
+    )
+    for version in sorted(set(opened)):
+        ds = lance.dataset(lake.uri, version=version, storage_options=lake.options)
+        assert ds.count_rows() == ROWS * version
