@@ -537,11 +537,11 @@ def finalize_steps(
     """Copy a staged manifest to its final name, verify it, flip the entry, delete the staged object.
 
     Idempotent and safe under any number of concurrent finalizers. Returns the
-    entry as it points now: at the final manifest, or — when the flip could not
-    be settled or made — at a manifest holding the committed bytes (see
-    :func:`finalize_outcome_steps`). ``ours``: the caller staged the manifest
-    itself (the claiming writer), so the staged object needs no check before
-    it is copied.
+    entry as it points now: at the final manifest, or — when the copy or the flip
+    could not be made or settled (see :func:`finalize_outcome_steps`) — still at
+    the staged manifest, which is kept and readable. ``ours``: the caller staged
+    the manifest itself (the claiming writer), so the staged object needs no
+    check before it is copied.
     """
     done, _ = yield from finalize_outcome_steps(table, entry, staged_etag=staged_etag, ours=ours)
     return done
@@ -551,7 +551,8 @@ def finalize_outcome_steps(
     table: Table, entry: ManifestEntry, *, staged_etag: str | None = None, ours: bool = False
 ) -> Steps[tuple[ManifestEntry, bool]]:
     """:func:`finalize_steps`, also telling whether the entry is known to point at the
-    final manifest now (False: it may still point at the staged one, which is kept).
+    final manifest now (False: it may still point at the staged one, which is kept,
+    and the entry returned is the staged one).
 
     Nothing is copied before the item vouches for the staged object (its path
     names this version of this table, and — unless ``ours`` — its size is that
@@ -612,7 +613,9 @@ def finalize_outcome_steps(
     yield from _verify(table, entry, final, copied, staged_etag)
     flipped = yield from _flip(table, done, staged)
     if flipped is None:
-        return done, False  # the final manifest holds the bytes; the staged one stays
+        # The final manifest holds the bytes, but the entry may still point at the
+        # staged one, which stays: say where the entry points as far as we know.
+        return entry, False
     yield from _best_effort_delete(staged)
     return flipped, True
 
@@ -725,7 +728,9 @@ def resolve_steps(table: Table, version: int | None = None) -> Steps[ManifestLoc
 
     One consistent read in the common case. Returns None when the external store
     has no entry for the table (or for ``version``): the caller falls back to the
-    object store (a table not yet onboarded).
+    object store (a table not yet onboarded). Finishing another writer's version
+    is best effort: when it cannot be done or settled now, the staged location is
+    returned (readable; ``alternate_key`` set), never an error about that write.
     """
     if version is None:
         entry: ManifestEntry | None = yield LatestEntry(table.base_uri)

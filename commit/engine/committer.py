@@ -102,6 +102,7 @@ from lancetx.commit.errors import (
     ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
+    UnfinishedParentError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
@@ -790,6 +791,10 @@ def _attempts(
             # never lags more than one commit behind (a reader that does not know the
             # external store, or a copy of the directory, would see a hole otherwise).
             finished: ManifestLocation = yield ResolveVersion(base, current.version)
+            if finished.alternate_key is not None:
+                # Finishing it failed (the reader's side is best effort and said so
+                # in the log): claiming on top now would leave it behind for good.
+                raise UnfinishedParentError(uri, current.version, ours.uuid, finished.key)
             current = Parent(finished, current.manifest)
         # 2. Build, write the transaction file, encode.
         next_version = current.version + 1 if current is not None else 1

@@ -443,6 +443,54 @@ def test_resolve_finalizes_a_staged_latest_entry() -> None:
     ]
 
 
+def _staged_world() -> World:
+    world = World()
+    world.entries[5] = our_entry()
+    world.objects[staged_key(5)] = MANIFEST
+    return world
+
+
+def test_a_reader_that_cannot_copy_reads_the_staged_manifest() -> None:
+    """Finishing someone else's version is best effort: a reader whose copy fails
+    (no write permission, a store failing now) reads the staged manifest."""
+    world = _staged_world()
+    world.override(
+        CopyObject,
+        lambda e: (_ for _ in ()).throw(TransientObjectStoreError("CopyObject", e.dst, "503")),
+    )
+    location, effects, error = drive(resolve_steps(TABLE), world)
+    assert error is None
+    assert location.key == staged_key(5) and location.alternate_key == final_key(5)
+    assert kinds(effects) == ["LatestEntry", "HeadObject", "CopyObject"]
+    assert world.entries[5] == our_entry()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_a_readers_flip_without_an_answer_is_settled_by_reading_the_entry(landed: bool) -> None:
+    world = _staged_world()
+
+    def lost(effect: FlipEntry) -> None:
+        if landed:
+            world.entries[5] = effect.entry
+        raise ambiguous(effect.entry)
+
+    world.override(FlipEntry, lost)
+    location, effects, error = drive(resolve_steps(TABLE), world)
+    assert error is None
+    assert world.objects[final_key(5)] == MANIFEST  # copied and verified either way
+    if landed:
+        assert location.key == final_key(5) and location.alternate_key is None
+        assert world.entries[5].path == final_key(5)
+        assert kinds(effects)[-2:] == ["GetEntry", "DeleteObject"]
+        assert staged_key(5) not in world.objects
+    else:
+        # The entry may still point at the staged manifest: it stays for the next reader.
+        assert location.key == staged_key(5) and location.alternate_key == final_key(5)
+        assert world.entries[5].path == staged_key(5)
+        assert kinds(effects)[-1] == "GetEntry"
+        assert world.objects[staged_key(5)] == MANIFEST
+
+
 def test_resolve_of_a_final_entry_is_one_read() -> None:
     world = World()
     world.entries[5] = replace(our_entry(), path=final_key(5))
