@@ -11,7 +11,8 @@ The tree::
     │   ├── ManifestFormatError
     │   ├── TransactionFileError
     │   ├── DeletionFileError
-    │   └── SchemaConversionError
+    │   ├── SchemaConversionError
+    │   └── ObjectTooLargeError      larger than the cap on its kind (manifest, transaction, tag)
     ├── UnsupportedFeatureError      a feature flag we do not implement
     ├── ObjectStoreError             an object-store request failed
     │   ├── ObjectNotFoundError
@@ -24,6 +25,7 @@ The tree::
     ├── DatasetNotFoundError
     ├── VersionNotFoundError
     └── CommitError                  (see lancetx.commit.errors for the engine's subclasses)
+        └── IdempotencyKeyCollisionError  two keys' hashes met: use another key
 """
 
 from __future__ import annotations
@@ -67,6 +69,33 @@ class DeletionFileError(FormatError):
     """A ``_deletions/*`` file is of the wrong type or does not decode."""
 
     kind = "deletion file"
+
+
+class ObjectTooLargeError(FormatError):
+    """An object read whole (a manifest, a transaction file, a tag) is larger than the
+    cap on its kind: refused before its body is read, so a hostile or stray object
+    at such a name cannot exhaust memory. ``size`` is what the store reported."""
+
+    def __init__(self, path: str, kind: str, size: int, cap: int, setting: str) -> None:
+        self.kind = kind
+        self.size = size
+        self.cap = cap
+        self.setting = setting
+        super().__init__(
+            path,
+            f"it is {size:,} bytes, more than the {cap:,}-byte limit on {kind}s; nothing of it "
+            f"was read. A real {kind} is far smaller: check what wrote this object, or raise "
+            f"the limit ({setting})",
+        )
+
+
+class ManifestTooLargeError(ObjectTooLargeError, ManifestFormatError):
+    """A manifest larger than ``lancetx_max_manifest_bytes``; also a ManifestFormatError."""
+
+
+class TransactionTooLargeError(ObjectTooLargeError, TransactionFileError):
+    """A transaction file larger than ``lancetx_max_transaction_bytes``; also a
+    TransactionFileError."""
 
 
 class SchemaConversionError(LancetxError):
@@ -298,3 +327,22 @@ class InvalidCommitError(CommitError):
         self.uri = uri
         self.problem = problem
         super().__init__(f"cannot commit to {uri!r}: {problem}")
+
+
+class IdempotencyKeyCollisionError(CommitError):
+    """Two idempotency keys share one key item's place (``slot``: 63 bits of their
+    SHA-256; a chance of about one in 10**18 per pair). The key item found belongs to
+    ``other_key`` (committed as ``other_version``), so it says nothing about ``key``:
+    it is never taken as a match. Nothing was committed for ``key``."""
+
+    def __init__(self, uri: str, key: str, other_key: str, other_version: int, slot: int) -> None:
+        self.uri = uri
+        self.key = key
+        self.other_key = other_key
+        self.other_version = other_version
+        self.slot = slot
+        super().__init__(
+            f"idempotency key {key!r} of {uri!r} shares its key item (slot {slot}) with key "
+            f"{other_key!r}, committed as version {other_version}; nothing was committed for "
+            f"{key!r}: commit with another idempotency key (e.g. add a suffix)"
+        )

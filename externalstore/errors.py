@@ -16,6 +16,7 @@ The tree::
     │   ├── InvalidRequestError          DynamoDB rejected the request (ValidationException…)
     │   ├── EntryExistsError             put_if_not_exists lost: another writer holds the version
     │   ├── EntriesExistError            put_all_if_not_exists lost: some version is held
+    │   ├── KeyExistsError               put_with_key_if_not_exists refused: the key is taken
     │   ├── EntryNotFoundError           no entry for (base_uri, version)
     │   ├── EntryMismatchError           put_if_exists refused: the entry points elsewhere
     │   └── AmbiguousWriteError          a write may or may not have landed
@@ -48,7 +49,7 @@ from botocore.exceptions import (
 from urllib3.exceptions import NewConnectionError
 
 from lancetx.commit.errors import CommitError, InvalidUriError, LancetxError
-from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.base import KeyRecord, ManifestEntry
 
 __all__ = [
     "ACCESS_CODES",
@@ -68,6 +69,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidRequestError",
     "InvalidUriError",
+    "KeyExistsError",
     "MalformedEntryError",
     "ManifestCopyMismatchError",
     "ManifestMissingError",
@@ -220,15 +222,35 @@ class TableSchemaError(ExternalStoreError):
         )
 
 
+#: API operations without an IAM action of their own: each part of a transaction is
+#: authorized as the item action it performs (a Put as dynamodb:PutItem, ...).
+_ITEM_BY_ITEM = {"TransactWriteItems": "dynamodb:PutItem"}
+
+
+def iam_action_of(operation: str) -> str:
+    """The IAM action that authorizes DynamoDB ``operation`` (``PutItem`` →
+    ``dynamodb:PutItem``; a ``TransactWriteItems`` of Puts → ``dynamodb:PutItem``)."""
+    return _ITEM_BY_ITEM.get(operation, f"dynamodb:{operation}")
+
+
 class AccessDeniedError(ExternalStoreError):
     """IAM denied the action, or the credentials were not accepted."""
 
-    def __init__(self, action: str, resource: str, code: str, detail: str) -> None:
+    def __init__(
+        self, action: str, resource: str, code: str, detail: str, operation: str | None = None
+    ) -> None:
         if code in _CREDENTIAL_CODES or code in ("NoCredentialsError", "PartialCredentialsError"):
             todo = (
                 "the credentials were not accepted or are missing: check aws_access_key_id_dynamodb / "
                 "aws_secret_access_key_dynamodb (or the S3 credentials they default to), the session "
                 "token's expiry, and that region and endpoint belong to the account"
+            )
+        elif operation in _ITEM_BY_ITEM:
+            todo = (
+                f"grant IAM action {action} on {resource} for the partition key of every item "
+                f"of the request (each table's base path, for a commit of several tables): a "
+                f"{operation} has no IAM action of its own, each of its parts is authorized "
+                "item by item (lancetx-sync iam-policy --role writer, for each table)"
             )
         else:
             todo = f"grant IAM action {action} on {resource} to the caller"
@@ -362,6 +384,43 @@ class EntriesExistError(ExternalStoreError):
             f"none of the {len(entries)} versions was claimed: {taken} "
             f"{'is' if len(failed) == 1 else 'are'} already claimed by another writer; load the "
             "newer versions and retry the transactions on top of them",
+            code="TransactionCanceledException",
+        )
+
+
+class KeyExistsError(ExternalStoreError):
+    """``put_with_key_if_not_exists`` wrote nothing: the idempotency key's item
+    exists, another commit's (a retried request of our own is not an error).
+
+    ``attempted`` is the key item we tried to write; ``existing`` the one found
+    (None if it could not be read back), which names the version the key was
+    committed as — or, if its ``key`` differs from ours, belongs to another key
+    sharing the slot. ``ambiguous``: an earlier attempt of this request may have
+    landed (it did not if ``existing`` names another commit token).
+    """
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        attempted: KeyRecord,
+        existing: KeyRecord | None,
+        *,
+        ambiguous: bool = False,
+    ) -> None:
+        self.attempted = attempted
+        self.existing = existing
+        self.ambiguous = ambiguous
+        holder = (
+            f"version {existing.version} (transaction {existing.transaction_uuid})"
+            if existing is not None
+            else "another commit"
+        )
+        super().__init__(
+            action,
+            resource,
+            f"idempotency key {attempted.key!r} of {attempted.base_uri!r} is already committed "
+            f"as {holder}; version {attempted.version} was not claimed",
             code="TransactionCanceledException",
         )
 
@@ -548,7 +607,7 @@ def translate_error(
         if code == "ResourceNotFoundException":
             return TableNotFoundError(action, resource, target)
         if code in ACCESS_CODES:
-            return AccessDeniedError(action, resource, code, detail)
+            return AccessDeniedError(iam_action_of(operation), resource, code, detail, operation)
         if code in THROTTLING_CODES:
             return ThrottledError(action, resource, code, attempts)
         if status >= 500:
@@ -557,7 +616,7 @@ def translate_error(
             return InvalidRequestError(action, resource, code, detail)
         return ExternalStoreError(action, resource, _describe(exc), code=code)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return AccessDeniedError(action, resource, code, str(exc))
+        return AccessDeniedError(iam_action_of(operation), resource, code, str(exc), operation)
     if isinstance(exc, BotocoreConnectionError) and never_connected(exc):
         return EndpointUnreachableError(action, resource, target.endpoint, str(exc), attempts)
     if isinstance(exc, (HTTPClientError, BotocoreConnectionError)):

@@ -41,6 +41,7 @@ from lancetx.commit.format.naming import (
     parse_manifest_name,
     parse_staged_name,
 )
+from lancetx.commit.storage.limits import MANIFEST
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
@@ -51,6 +52,7 @@ from lancetx.externalstore.errors import (
     EntryNotFoundError,
     ManifestMissingError,
     TableCollisionError,
+    UntrustedManifestPathError,
     WedgedVersionError,
     repair_command,
 )
@@ -64,6 +66,7 @@ from lancetx.externalstore.protocol import (
     Table,
     run,
     run_async,
+    validate_entry,
 )
 
 if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
@@ -119,8 +122,13 @@ def _committed_transaction_uuids(table: Table, since: int, skip: int) -> Steps[s
     entries: list[ManifestEntry] = yield ListEntries(table.base_uri, since)
     paths: dict[int, list[str]] = {}
     for entry in entries:
-        if entry.version != skip:
-            paths[entry.version] = [entry.path]
+        if entry.version == skip:
+            continue
+        try:
+            validate_entry(table, entry)
+        except UntrustedManifestPathError:
+            continue  # never followed (verify reports it); its manifest is not ours
+        paths[entry.version] = [entry.path]
     # Versions committed before the table used the external store have no entry.
     versions_prefix = table.versions_prefix()
     listed: list[ObjectMeta] = yield ListObjects(versions_prefix)
@@ -133,7 +141,7 @@ def _committed_transaction_uuids(table: Table, since: int, skip: int) -> Steps[s
         final = manifest_key(table.base_key, version, _scheme_of(keys[0]))
         for key in dict.fromkeys([*keys, final]):  # a staged entry may be finalized meanwhile
             try:
-                data: bytes = yield GetObject(key)
+                data: bytes = yield GetObject(key, MANIFEST)
             except ObjectNotFoundError:
                 continue
             uuids |= _transaction_uuids(data, key)

@@ -164,7 +164,11 @@ class TableVerbs(Generic[R]):
 
     def merge_insert(self, on: str | Sequence[str]) -> MergeInsertBuilder[R]:
         """A builder like pylance's: ``table.merge_insert("id").when_matched_update_all()
-        .when_not_matched_insert_all().execute(data)`` → the committed version."""
+        .when_not_matched_insert_all().execute(data)`` → the committed version.
+
+        On the table's unenforced primary key (or with
+        :meth:`MergeInsertBuilder.conflict_on_inserted_keys`), concurrent merges
+        never insert one key twice: the later one plans again and updates."""
         return MergeInsertBuilder(self, join_columns(on))
 
     def add_columns(
@@ -463,8 +467,10 @@ class Table(TableVerbs[int]):
         return self.history()
 
     def find_idempotency_key(self, key: str) -> int | None:
-        """The version committed with idempotency key ``key`` (newest first), or None."""
-        return self._state.find_idempotency_key(key, horizon=0)
+        """The version committed with idempotency key ``key``, or None: from its key
+        item on an ``s3+ddb://`` table (also when cleanup has removed that version),
+        else from the table's history, every version of it."""
+        return self._state.find_idempotency_key(key)
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
         if self._pinned is not None:
@@ -517,6 +523,24 @@ class MergeInsertBuilder(Generic[R]):
         """Target rows without a match in the source are deleted (optionally only where ``expr``)."""
         self._spec.not_matched_by_source_delete = True
         self._spec.not_matched_by_source_condition = expr
+        return self
+
+    def conflict_on_inserted_keys(self) -> MergeInsertBuilder[R]:
+        """Keep the ``on`` key unique under concurrency, as for a primary key.
+
+        The commit records the keys this merge may insert (Lance's inserted-keys
+        filter), so a concurrent merge that recorded one of them — or a concurrent
+        append, or an update that recorded no keys — makes this commit a retryable
+        conflict: it plans again on the new version, where the key now exists, and
+        updates that row instead of inserting a second one. On the table's
+        unenforced primary key (Arrow field metadata
+        ``lance-schema:unenforced-primary-key: true``) this is always on, as in
+        pylance. Rows with a null in the key are inserted by every merge and are
+        not part of the unique set. The check is between merges that record their
+        keys: an append or a merge without it, committed after this one, is not
+        checked against it.
+        """
+        self._spec.conflict_on_inserted_keys = True
         return self
 
     def plan(self, data: Any, schema: pa.Schema | None = None) -> Plan:

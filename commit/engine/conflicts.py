@@ -52,6 +52,11 @@ from lancetx.commit.engine.operations import (
     index_fragment_ids,
     mem_wal_merged_generations,
 )
+from lancetx.commit.format.key_existence import (
+    BLOOM_NUMBER_OF_ITEMS,
+    BLOOM_PROBABILITY,
+    blooms_may_share_key,
+)
 
 __all__ = [
     "ALWAYS",
@@ -556,10 +561,14 @@ DELETION_VECTOR_REBASE = cases(
 
 # ---------------------------------------------------------- merge-insert keys
 # The spec's Update message carries `inserted_rows` "used for conflict
-# detection" but its lists do not say how: Lance check_update_txn.
+# detection" but its lists do not say how: Lance check_update_txn. Lance calls two
+# bloom filters intersecting when they share any bit; we ask whether they can
+# share a key (a block where every word shares a bit), which is never "no" when
+# Lance's answer is "yes" because of a common key, and "no" far more often for
+# filters of many keys (fewer needless re-plans).
 
-_BLOOM_DEFAULT_ITEMS = 8192
-_BLOOM_DEFAULT_PROBABILITY = 0.00057
+_BLOOM_DEFAULT_ITEMS = BLOOM_NUMBER_OF_ITEMS
+_BLOOM_DEFAULT_PROBABILITY = BLOOM_PROBABILITY
 
 
 def _keys_may_intersect(a: KeyExistenceFilter, b: KeyExistenceFilter) -> str | None:
@@ -578,7 +587,7 @@ def _keys_may_intersect(a: KeyExistenceFilter, b: KeyExistenceFilter) -> str | N
         bits_a, bits_b = a.bloom.bitmap, b.bloom.bitmap
         if len(bits_a) != len(bits_b):
             return "their inserted-key bloom filters differ in size"
-        if any(x & y for x, y in zip(bits_a, bits_b, strict=True)):
+        if blooms_may_share_key(bits_a, bits_b):
             return "their inserted-key bloom filters may share a key"
         return None
     return "inserted keys cannot be compared (different filter kinds)"

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 from google.protobuf.any_pb2 import Any as AnyPb
 from pyroaring import BitMap
 
@@ -69,6 +70,7 @@ from lancetx.commit.engine.operations import (
     UpdateMode,
     update_map,
 )
+from lancetx.commit.format.key_existence import inserted_keys_filter, xxh64_of_u64
 from lancetx.protos import table_pb2, transaction_pb2
 
 C, B, R, N = Outcome.COMPATIBLE, Outcome.REBASE, Outcome.RETRYABLE, Outcome.INCOMPATIBLE
@@ -399,6 +401,20 @@ def exact_keys(*hashes: int, fields: Iterable[int] = (0,)) -> KeyExistenceFilter
         field_ids=list(fields),
         exact=transaction_pb2.Transaction.ExactKeySetFilter(key_hashes=list(hashes)),
     )
+
+
+def bloom_keys(*keys: int, fields: Iterable[int] = (0,)) -> KeyExistenceFilter:
+    """Lance's inserted-keys bloom filter over integer keys (as a merge-insert on an
+    int64 primary key writes it)."""
+    hashes = xxh64_of_u64(np.array(keys, dtype=np.uint64))
+    return inserted_keys_filter(list(fields), hashes)
+
+
+def _resized(keys: KeyExistenceFilter) -> KeyExistenceFilter:
+    out = KeyExistenceFilter()
+    out.CopyFrom(keys)
+    out.bloom.number_of_items = 4096
+    return out
 
 
 def field_(name: str, field_id: int, parent: int = -1) -> Field:
@@ -971,6 +987,29 @@ VARIANTS: dict[tuple[OperationKind, OperationKind], list[Variant]] = {
             "lance: conflict_resolver.rs check_update_txn (no key intersection)",
             _update(with_deletion(F[0], 12), keys=exact_keys(1, 2)),
             _update(with_deletion(F[1], 22), keys=exact_keys(3, 4)),
+        ),
+        Variant(
+            "merge-inserts whose bloom filters hold a common key",
+            R,
+            "lance: conflict_resolver.rs check_update_txn (bloom filters intersect)",
+            _update(with_deletion(F[0], 12), keys=bloom_keys(*range(0, 300), 7777)),
+            _update(with_deletion(F[1], 22), keys=bloom_keys(*range(1000, 1300), 7777)),
+        ),
+        Variant(
+            "merge-inserts whose bloom filters share bits but cannot share a key",
+            C,
+            "lance: conflict_resolver.rs check_update_txn compares the filters; Lance on "
+            "any common bit (a needless retry here), lancetx on a block where all eight "
+            "words share a bit, which a common key always leaves",
+            _update(with_deletion(F[0], 12), keys=bloom_keys(*range(0, 300))),
+            _update(with_deletion(F[1], 22), keys=bloom_keys(*range(1000, 1300))),
+        ),
+        Variant(
+            "merge-inserts with bloom filters of different sizing",
+            R,
+            "lance: conflict_resolver.rs check_update_txn (config mismatch -> conflict)",
+            _update(with_deletion(F[0], 12), keys=bloom_keys(1)),
+            _update(with_deletion(F[1], 22), keys=_resized(bloom_keys(2))),
         ),
         Variant(
             "our merge-insert tracks keys, theirs did not",
