@@ -1191,7 +1191,9 @@ def _load_one(
     uri = names.uri(base)
     if not need_manifest:
         cached = TRANSACTIONS.get_with_writer(uri, location)
-        if cached is not None:
+        # A summary-less version is judged by its manifest's writer: a cached
+        # transaction that came without it is read again (see _outsider).
+        if cached is not None and (location.summary is not None or cached[1] is not None):
             return _Loaded(location.version, cached[0], location, None, writer=cached[1])
     try:
         if known is not None and known.location == location:
