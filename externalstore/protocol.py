@@ -618,27 +618,40 @@ def _ownership(
 
 
 def finalize_steps(
-    table: Table, entry: ManifestEntry, *, staged_etag: str | None = None, ours: bool = False
+    table: Table,
+    entry: ManifestEntry,
+    *,
+    staged_etag: str | None = None,
+    ours: bool = False,
+    best_effort: bool = False,
 ) -> Steps[ManifestEntry]:
     """Copy a staged manifest to its final name, verify it, flip the entry, delete the staged object.
 
     Idempotent and safe under any number of concurrent finalizers. Returns the
-    entry as it points now: at the final manifest, or — when the copy or the flip
-    could not be made or settled (see :func:`finalize_outcome_steps`) — still at
-    the staged manifest, which is kept and readable. ``ours``: the caller staged
+    entry as it points now (at the final manifest). ``ours``: the caller staged
     the manifest itself (the claiming writer), so the staged object needs no
-    check before it is copied.
+    check before it is copied. ``best_effort`` (a reader finishing someone
+    else's version): when the copy or the flip cannot be made or settled, the
+    staged entry is returned (its manifest is kept and readable) instead of the
+    error; see :func:`finalize_outcome_steps`.
     """
-    done, _ = yield from finalize_outcome_steps(table, entry, staged_etag=staged_etag, ours=ours)
+    done, _ = yield from finalize_outcome_steps(
+        table, entry, staged_etag=staged_etag, ours=ours, best_effort=best_effort
+    )
     return done
 
 
 def finalize_outcome_steps(
-    table: Table, entry: ManifestEntry, *, staged_etag: str | None = None, ours: bool = False
+    table: Table,
+    entry: ManifestEntry,
+    *,
+    staged_etag: str | None = None,
+    ours: bool = False,
+    best_effort: bool = False,
 ) -> Steps[tuple[ManifestEntry, bool]]:
     """:func:`finalize_steps`, also telling whether the entry is known to point at the
-    final manifest now (False: it may still point at the staged one, which is kept,
-    and the entry returned is the staged one).
+    final manifest now (False, with ``best_effort`` only: it may still point at the
+    staged one, which is kept, and the entry returned is the staged one).
 
     Nothing is copied before the item vouches for the staged object (its path
     names this version of this table, and — unless ``ours`` — its size is that
@@ -670,7 +683,7 @@ def finalize_outcome_steps(
         except ObjectNotFoundError:
             copied = None
         except LancetxError as exc:
-            if ours:
+            if not best_effort:
                 raise
             # A reader that may not write (or a store failing now) still reads the
             # committed bytes where they are; the next finalizer finishes the version.
@@ -690,14 +703,14 @@ def finalize_outcome_steps(
             restored = yield from _restore_attributes(done, current)
             return restored, True
         if current.path != staged:
-            return (yield from finalize_outcome_steps(table, current))
+            return (yield from finalize_outcome_steps(table, current, best_effort=best_effort))
         try:
             copied = yield HeadObject(final)
         except ObjectNotFoundError:
             raise ManifestMissingError(table.base_uri, entry.version, staged, final) from None
         staged_etag = None  # the staged object is gone; verify by size below
     yield from _verify(table, entry, final, copied, staged_etag)
-    flipped = yield from _flip(table, done, staged)
+    flipped = yield from _flip(table, done, staged, best_effort=best_effort)
     if flipped is None:
         # The final manifest holds the bytes, but the entry may still point at the
         # staged one, which stays: say where the entry points as far as we know.
@@ -732,13 +745,16 @@ def _check_staged(table: Table, entry: ManifestEntry) -> Steps[ObjectMeta | None
     return meta
 
 
-def _flip(table: Table, done: ManifestEntry, staged: str) -> Steps[ManifestEntry | None]:
+def _flip(
+    table: Table, done: ManifestEntry, staged: str, *, best_effort: bool
+) -> Steps[ManifestEntry | None]:
     """Point the entry at the final manifest (verified to hold the committed bytes).
 
-    Returns the entry as it points now, or None when that could not be settled: the
-    entry may still point at ``staged``, which must then be kept. A flip whose answer
-    was lost (or that failed) is settled by one consistent read; an entry pointing
-    elsewhere is another commit's and raises EntryMismatchError.
+    Returns the entry as it points now. A flip whose answer was lost (or that
+    failed) is settled by one consistent read; when that does not show it flipped,
+    the flip's error is raised, or (``best_effort``) None is returned: the entry may
+    still point at ``staged``, which must then be kept. An entry pointing elsewhere
+    is another commit's and raises EntryMismatchError.
     """
     try:
         found: ManifestEntry | None = yield FlipEntry(done, expected_path=staged)
@@ -751,6 +767,8 @@ def _flip(table: Table, done: ManifestEntry, staged: str) -> Steps[ManifestEntry
         except LancetxError as again:
             current, reason = None, again
         if current is None or current.path != done.path:
+            if not best_effort:
+                raise exc
             log.info(
                 "pointing version %d of %s at its final manifest %s was not settled (%s); its "
                 "staged manifest %s is kept for the next reader to finish",
@@ -781,6 +799,8 @@ def _restore_attributes(ours: ManifestEntry, found: ManifestEntry) -> Steps[Mani
     """
     if ours.summary is None or found.summary is not None or found.path != ours.path:
         return found
+    if found.size is not None and found.size != ours.size:
+        return found  # not the commit we know of: nothing of ours to put back
     try:
         yield FlipEntry(ours, expected_path=ours.path)
     except LancetxError as exc:  # the version is final either way; only the queue misses it
@@ -826,7 +846,7 @@ def resolve_steps(table: Table, version: int | None = None) -> Steps[ManifestLoc
         return None
     validate_entry(table, entry)
     if entry.is_staged:
-        entry = yield from finalize_steps(table, entry)
+        entry = yield from finalize_steps(table, entry, best_effort=True)
     return _location(entry, scheme_of(table, entry))
 
 
