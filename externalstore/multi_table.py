@@ -69,6 +69,7 @@ from lancetx.commit.engine.contention import TableContention, table_contention
 from lancetx.commit.engine.effects import run as run_engine
 from lancetx.commit.engine.operations import Transaction
 from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.engine.unreferenced import Claim, release
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     InvalidCommitError,
@@ -78,8 +79,7 @@ from lancetx.commit.errors import (
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, transaction_key
-from lancetx.commit.handlers.interface import CommitHandler, CommitStateUnknownError
-from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.externalstore.base import ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection
@@ -321,10 +321,10 @@ def commit_many(
                 # random part of a round.
                 time.sleep(retry.delay(1 if turns else attempt, slot / 4))
                 continue
-            except CommitStateUnknownError:
-                raise  # the claim may have landed: keep everything
-            except LancetxError:
-                _discard(claiming, staged_too=True)
+            except BaseException as error:
+                # Refused outright: nothing was claimed, delete. Unknown, Ctrl-C, a
+                # cancellation: the claim may have landed, keep everything and say so.
+                _discard(claiming, staged_too=True, error=error)
                 raise
             for p in claiming:
                 turn = turns.get(p.index)
@@ -471,10 +471,18 @@ def _finalize(p: _Prepared, attempt: int) -> Committed:
     return Committed(location, p.done.manifest, p.done.transaction, attempt)
 
 
-def _discard(prepared: Sequence[_Prepared], *, staged_too: bool = False) -> None:
+def _discard(
+    prepared: Sequence[_Prepared],
+    *,
+    staged_too: bool = False,
+    error: BaseException | None = None,
+) -> None:
     """Remove what a round wrote for tables that were not committed: the
     transaction file, deletion files a rebase merged, and (if asked) the staged
-    manifest."""
+    manifest — unless ``error`` leaves the claim open (see
+    :mod:`lancetx.commit.engine.unreferenced`): then all is kept, and said so on it.
+    The tables' data files are the caller's, never deleted here."""
+    claim = _claim_of(prepared)
     for p in prepared:
         if p.staged is None:
             continue  # committed already: its files belong to that version
@@ -486,7 +494,24 @@ def _discard(prepared: Sequence[_Prepared], *, staged_too: bool = False) -> None
         )
         if staged_too:
             keys.append(p.staged.entry.path)
-        _delete_quietly(store, keys)
+        callers = len(getattr(p.commit.transaction.operation, "added_fragments", ()))
+        release(keys, error, delete=store.delete, describe=store.uri, claim=claim, callers=callers)
+
+
+def _claim_of(prepared: Sequence[_Prepared]) -> Claim:
+    """What settles a multi-table claim: its first table's entry and transaction."""
+    staging = [p for p in prepared if p.staged is not None]
+    if not staging:
+        return Claim()
+    first = staging[0]
+    versions = " and ".join(f"version {_version(p)} of {p.commit.uri!r}" for p in staging)
+    return Claim(
+        table_uri=first.commit.uri,
+        version=_version(first),
+        transaction_uuid=first.done.transaction.uuid,
+        entry_base=_staged(first).entry.base_uri,
+        what=f"the all-or-nothing claim of {versions}",
+    )
 
 
 def _deletion_keys(base: str, txn: Transaction) -> set[str]:
@@ -496,11 +521,3 @@ def _deletion_keys(base: str, txn: Transaction) -> set[str]:
         for f in fragments
         if f.HasField("deletion_file")
     }
-
-
-def _delete_quietly(store: ObjectStore, keys: Sequence[str]) -> None:
-    for key in keys:
-        try:
-            store.delete(key)
-        except LancetxError as exc:  # an orphan is harmless: nothing references it
-            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)
