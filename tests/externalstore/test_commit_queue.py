@@ -277,6 +277,9 @@ def test_a_waiter_learns_its_turn_from_a_claim_whose_ticket_pylance_stripped(
     read_queue: list[str] = []
     reading = entries.read_turns
     monkeypatch.setattr(entries, "read_turns", lambda b: read_queue.append(b) or reading(b))
+    # Ours builds on version 1, read now: were it to read the latest when it starts, it
+    # could find version 2 still staged and finish it itself, putting the ticket back.
+    parent = load_parent(queued.handler, base)
     contended(queued)
     done: list[Committed] = []
     writer = threading.Thread(
@@ -291,7 +294,7 @@ def test_a_waiter_learns_its_turn_from_a_claim_whose_ticket_pylance_stripped(
     while reading(base).issued < 1 and time.monotonic() < deadline:
         time.sleep(0.01)  # the first writer holds ticket 1
     began = time.monotonic()
-    ours = queued.append(0)
+    ours = queued.append(0, parent=parent)
     waited = time.monotonic() - began
     writer.join()
 
