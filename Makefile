@@ -4,21 +4,35 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# What is installed: the dev set (make test: lint, types, tests) includes the demo's.
+STAMP      := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
+# The venv's own pip first (the one venv ships can be years old: slower to resolve,
+# blind to newer wheels), at the version constraints.txt pins.
+NEW_VENV := test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt --upgrade pip
 
 .PHONY: venv demo test lint typecheck pytest protos lock clean
 
 $(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
+	$(NEW_VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# Only what the demo runs: pyspark, pylance, moto's S3 and DynamoDB (no linters, no
+# type stubs, no test tools).
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@echo "make demo: installing lancetx with its [spark,embedded] extras (PySpark, pylance, moto) into $(VENV): ~1.2 GB, a few minutes the first time"
+	$(NEW_VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[spark,embedded]'
+	touch $(DEMO_STAMP)
 
 venv: $(STAMP)
 
 ## The main job on the embedded default: Spark jobs and a pylance writer on one table,
 ## through an in-process moto server for S3 (legacy) + DynamoDB.
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m pyspark_lancetx.demo
 
 ## Lint, type-check, then the whole test suite.
@@ -58,13 +72,16 @@ api-docs: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python tools/regenerate_protos.py
 
-## Re-resolve constraints.txt from the bounds in pyproject.toml.
+## Re-resolve constraints.txt from the bounds in pyproject.toml: a scratch venv gets the
+## newest pip and '.[dev]' (every extra), and the lock is exactly what it then holds.
 lock:
 	rm -rf build/lockenv && $(PYTHON) -m venv build/lockenv
+	build/lockenv/bin/python -m pip install --quiet --upgrade pip
 	build/lockenv/bin/python -m pip install --quiet '.[dev]'
-	{ echo "# Exact pins for a fast, reproducible install (pip -c constraints.txt)."; \
-	  echo "# Regenerate: make lock"; \
-	  build/lockenv/bin/pip freeze --exclude lancetx; } > constraints.txt
+	{ echo "# Exact pins for a fast, reproducible install (pip -c constraints.txt): exactly"; \
+	  echo "# what a venv of lancetx[dev] holds, and its pip. Regenerate: make lock"; \
+	  build/lockenv/bin/pip freeze --all --exclude lancetx; \
+	} > constraints.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info

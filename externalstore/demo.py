@@ -1,4 +1,4 @@
-"""``make demo``: concurrent writers on a legacy S3 bucket, made safe by DynamoDB.
+"""lancetx-demo: concurrent Python writers on a legacy S3 bucket, made safe by DynamoDB.
 
 Starts an embedded moto server (S3 + DynamoDB on 127.0.0.1, fake credentials)
 whose S3 silently ignores ``If-None-Match`` — the kind of store lancetx exists
@@ -14,8 +14,9 @@ for — then:
 
 ``--external`` runs the same workload on the S3 and DynamoDB that the
 environment points at (e.g. LocalStack + dynalite, see ``localstack/``),
-configured by environment variables alone. Run
-``python -m lancetx.externalstore.demo --help`` for the knobs.
+configured by environment variables alone. Run ``lancetx-demo --help`` (or
+``python -m lancetx.externalstore.demo --help``) for the knobs. ``make demo`` is
+the Spark version of this race (:mod:`pyspark_lancetx.demo`).
 """
 
 from __future__ import annotations

@@ -106,6 +106,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_COMMITTER",
     "DEFAULT_REGION",
+    "DEFAULT_REGION_NOTE",
     "MAX_TRANSACT_ITEMS",
     "ApiCall",
     "DynamoDBConfig",
@@ -345,11 +346,29 @@ def make_client(config: DynamoDBConfig | None = None) -> Any:
     lancetx needs (see :mod:`lancetx.commit.storage.aws_service_models`); use your own
     boto3 client for others (Scan, ListTables…)."""
     config = config or DynamoDBConfig.from_options()
+    configured = config.region or session_region(config.profile)
     return make_shared_client(
         "dynamodb",
         profile=config.profile,
-        **config.client_kwargs(session_region(config.profile)),
+        # A client on the fallback region says so in every error naming its target.
+        variant="" if configured else "default-region",
+        setup=None if configured else mark_default_region,
+        **config.client_kwargs(configured),
     )
+
+
+#: Attribute of a DynamoDB client whose region nobody configured (see :func:`target_of`).
+REGION_NOTE_ATTRIBUTE = "_lancetx_region_note"
+#: What errors say about such a region.
+DEFAULT_REGION_NOTE = (
+    "not configured, Lance's default: set the storage option dynamodb_region or "
+    "aws_region, or AWS_REGION"
+)
+
+
+def mark_default_region(client: Any) -> None:
+    """Note on ``client`` that its region is the fallback, not one anybody configured."""
+    setattr(client, REGION_NOTE_ATTRIBUTE, DEFAULT_REGION_NOTE)
 
 
 # ============================================================================ sans-IO core
@@ -1239,6 +1258,7 @@ def target_of(client: Any, table_name: str) -> DynamoDBTarget:
         table=table_name,
         region=getattr(meta, "region_name", None),
         endpoint=getattr(meta, "endpoint_url", None),
+        region_note=getattr(client, REGION_NOTE_ATTRIBUTE, None),
     )
 
 

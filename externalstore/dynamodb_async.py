@@ -8,10 +8,11 @@ awaits the client calls and the sleeps those plans ask for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import replace
-from typing import Any, TypeVar, cast
+from types import TracebackType
+from typing import Any, Generic, TypeVar, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -41,6 +42,7 @@ from lancetx.externalstore.dynamodb import (
     get_plan,
     latest_plan,
     list_plan,
+    mark_default_region,
     put_all_if_not_exists_plan,
     put_if_exists_plan,
     put_if_not_exists_plan,
@@ -79,14 +81,72 @@ async def run_plan_async(
             error = exc
 
 
-@asynccontextmanager
-async def open_client(config: DynamoDBConfig | None = None) -> AsyncIterator[Any]:
-    """An aiobotocore DynamoDB client for ``config`` (botocore retries off)."""
+def open_client(config: DynamoDBConfig | None = None) -> AbstractAsyncContextManager[Any]:
+    """An aiobotocore DynamoDB client for ``config`` (botocore retries off):
+    ``async with open_client(config) as client``."""
     config = config or DynamoDBConfig.from_options()
     session = aioboto3.Session(profile_name=config.profile)
     kwargs = config.client_kwargs(session.region_name, config_class=AioConfig)
-    async with session.client("dynamodb", **kwargs) as client:
-        yield client
+    # A class, not an async generator: an event loop closes every async generator
+    # still open when it shuts down, all at once, and one nested in another's cleanup
+    # then fails ("aclose(): asynchronous generator is already running"; lancetx.aio).
+    return _ClientContext(
+        session.client("dynamodb", **kwargs), not (config.region or session.region_name)
+    )
+
+
+class _ClientContext:
+    """aiobotocore's client context, noting on the client a region nobody configured."""
+
+    def __init__(self, inner: AbstractAsyncContextManager[Any], default_region: bool) -> None:
+        self._inner = inner
+        self._default_region = default_region
+
+    async def __aenter__(self) -> Any:
+        client = await self._inner.__aenter__()
+        if self._default_region:
+            mark_default_region(client)
+        return client
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._inner.__aexit__(exc_type, exc, tb)
+
+
+S = TypeVar("S", bound="AsyncDynamoDBManifestStore")
+
+
+class _OpenStore(Generic[S]):
+    """``async with``: a store with its own client, validated, closed on exit (a
+    class rather than an async generator, for the reason given in :func:`open_client`)."""
+
+    def __init__(self, make: Callable[[Any], S], config: DynamoDBConfig) -> None:
+        self._make = make
+        self._config = config
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> S:
+        try:
+            client = await self._stack.enter_async_context(open_client(self._config))
+            store = self._make(client)
+            if store._validate:
+                await store.validate()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return store
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.__aexit__(exc_type, exc, tb)
 
 
 async def create_table_async(
@@ -138,34 +198,25 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         self.table_info: TableInfo | None = None
 
     @classmethod
-    @asynccontextmanager
-    async def open(
-        cls, table_name: str, config: DynamoDBConfig | None = None, **kwargs: Any
-    ) -> AsyncIterator[AsyncDynamoDBManifestStore]:
+    def open(
+        cls: type[S], table_name: str, config: DynamoDBConfig | None = None, **kwargs: Any
+    ) -> AbstractAsyncContextManager[S]:
         """``async with AsyncDynamoDBManifestStore.open("T", config) as store``: a
         validated store with its own client, closed on exit."""
         config = config or DynamoDBConfig.from_options()
         kwargs.setdefault("retry", config.retry)
         kwargs.setdefault("committer", config.committer)
-        async with open_client(config) as client:
-            store = cls(client, table_name, **kwargs)
-            if store._validate:
-                await store.validate()
-            yield store
+        return _OpenStore(lambda client: cls(client, table_name, **kwargs), config)
 
     @classmethod
-    @asynccontextmanager
-    async def open_uri(
-        cls, uri: str, storage_options: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> AsyncIterator[AsyncDynamoDBManifestStore]:
+    def open_uri(
+        cls: type[S], uri: str, storage_options: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> AbstractAsyncContextManager[S]:
         """The store named by ``s3+ddb://bucket/path?ddbTableName=T``."""
         from lancetx.externalstore.uri import parse_ddb_uri
 
         parsed = parse_ddb_uri(uri)
-        async with cls.open(
-            parsed.table_name, DynamoDBConfig.from_options(storage_options), **kwargs
-        ) as store:
-            yield store
+        return cls.open(parsed.table_name, DynamoDBConfig.from_options(storage_options), **kwargs)
 
     @property
     def target(self) -> DynamoDBTarget:

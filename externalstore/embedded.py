@@ -196,6 +196,14 @@ class EmbeddedAws:
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 pass
 
+            def send_response(self, code: int, message: str | None = None) -> None:
+                # http.server adds its own Server header, and moto's responses carry
+                # one too: a strict HTTP parser (aiohttp's, under PYTHONASYNCIODEBUG=1)
+                # rejects the duplicate. The answer keeps moto's (or none).
+                self.log_request(code)
+                self.send_response_only(code, message)
+                self.send_header("Date", self.date_time_string())
+
         self._app = _LockedApp(DomainDispatcherApplication(create_backend_app), self._legacy_s3)
         self._server = make_server(
             "127.0.0.1", self._port, self._app, threaded=True, request_handler=_QuietHandler

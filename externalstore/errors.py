@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -136,6 +136,8 @@ class DynamoDBTarget:
     region: str | None = None
     endpoint: str | None = None
     arn: str | None = None
+    #: Said after the region when nobody configured it (the client fell back to a default).
+    region_note: str | None = field(default=None, compare=False)
 
     @property
     def resource(self) -> str:
@@ -148,7 +150,10 @@ class DynamoDBTarget:
     @property
     def location(self) -> str:
         """``region us-east-1, endpoint http://…`` (endpoint "AWS default" if unset)."""
-        return f"region {self.region or '(default)'}, endpoint {self.endpoint or 'AWS default'}"
+        note = f" ({self.region_note})" if self.region_note else ""
+        return (
+            f"region {self.region or '(default)'}{note}, endpoint {self.endpoint or 'AWS default'}"
+        )
 
 
 def create_table_hint(table: str, region: str | None = None, endpoint: str | None = None) -> str:
@@ -234,16 +239,32 @@ def iam_action_of(operation: str) -> str:
 
 
 class AccessDeniedError(ExternalStoreError):
-    """IAM denied the action, or the credentials were not accepted."""
+    """IAM denied the action, or the credentials were not accepted (or not configured)."""
 
     def __init__(
-        self, action: str, resource: str, code: str, detail: str, operation: str | None = None
+        self,
+        action: str,
+        resource: str,
+        code: str,
+        detail: str,
+        operation: str | None = None,
+        target: DynamoDBTarget | None = None,
     ) -> None:
-        if code in _CREDENTIAL_CODES or code in ("NoCredentialsError", "PartialCredentialsError"):
+        where = f" ({target.location})" if target is not None else ""
+        if code == "NoCredentialsError":
             todo = (
-                "the credentials were not accepted or are missing: check aws_access_key_id_dynamodb / "
-                "aws_secret_access_key_dynamodb (or the S3 credentials they default to), the session "
-                "token's expiry, and that region and endpoint belong to the account"
+                "no AWS credentials are configured for DynamoDB: none in the storage options "
+                "(aws_access_key_id_dynamodb / aws_secret_access_key_dynamodb, or the S3 pair "
+                "aws_access_key_id / aws_secret_access_key they default to), the environment "
+                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), an AWS profile or an instance "
+                f"role; configure one of them{where}"
+            )
+        elif code in _CREDENTIAL_CODES or code == "PartialCredentialsError":
+            todo = (
+                "the credentials were not accepted or are incomplete: check "
+                "aws_access_key_id_dynamodb / aws_secret_access_key_dynamodb (or the S3 "
+                "credentials they default to), the session token's expiry, and that region and "
+                f"endpoint belong to the account{where}"
             )
         elif operation in _ITEM_BY_ITEM:
             todo = (
@@ -607,7 +628,9 @@ def translate_error(
         if code == "ResourceNotFoundException":
             return TableNotFoundError(action, resource, target)
         if code in ACCESS_CODES:
-            return AccessDeniedError(iam_action_of(operation), resource, code, detail, operation)
+            return AccessDeniedError(
+                iam_action_of(operation), resource, code, detail, operation, target
+            )
         if code in THROTTLING_CODES:
             return ThrottledError(action, resource, code, attempts)
         if status >= 500:
@@ -616,7 +639,9 @@ def translate_error(
             return InvalidRequestError(action, resource, code, detail)
         return ExternalStoreError(action, resource, _describe(exc), code=code)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return AccessDeniedError(iam_action_of(operation), resource, code, str(exc), operation)
+        return AccessDeniedError(
+            iam_action_of(operation), resource, code, str(exc), operation, target
+        )
     if isinstance(exc, BotocoreConnectionError) and never_connected(exc):
         return EndpointUnreachableError(action, resource, target.endpoint, str(exc), attempts)
     if isinstance(exc, (HTTPClientError, BotocoreConnectionError)):

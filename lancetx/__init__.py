@@ -25,6 +25,7 @@ from lancetx.commit.errors import (
 from lancetx.commit.package_version import installed_version
 from lancetx.committing import CommitResult
 from lancetx.errors import (
+    ArgumentTypeError,
     ForeignFragmentError,
     InvalidPredicateError,
     PylanceCommitsItselfError,
@@ -44,6 +45,7 @@ from lancetx.writer import TableWriter
 __version__: str = installed_version()  # "0.0.0+unknown" in a source tree never installed
 
 __all__ = [
+    "ArgumentTypeError",
     "CommitResult",
     "DatasetNotFoundError",
     "ExpectedVersionMismatchError",

@@ -12,20 +12,25 @@ plane is synchronous, so plans and reads run in worker threads
 loop's async entry point (``commit_transaction_async``, aioboto3); other tables
 (``s3://``, local paths) have no async handler, so their commit loop runs in a
 worker thread. An AsyncTable opens its aioboto3 clients on its first verb and keeps
-them; ``async with table:`` (or ``await table.aclose()``) closes them.
+them; ``async with table:`` (or ``await table.aclose()``) closes them, and a table
+left open has them closed when its event loop shuts down (``asyncio.run`` does that),
+without a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+import logging
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from lancetx.arguments import checked, checked_methods
 from lancetx.commit.engine.committer import (
     commit_transaction,
     commit_transaction_async,
@@ -70,25 +75,105 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@asynccontextmanager
-async def open_async_handler(state: TableState) -> AsyncIterator[AsyncCommitHandler | None]:
+log = logging.getLogger(__name__)
+
+
+class _AsyncHandlerContext:
+    """See :func:`open_async_handler`. A class, not an async generator: an event loop
+    closes every async generator still open when it shuts down, all at once, and one
+    whose cleanup awaits another's then fails ("aclose(): asynchronous generator is
+    already running"). Nothing a table keeps open may be one."""
+
+    def __init__(self, state: TableState) -> None:
+        self._state = state
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> AsyncCommitHandler | None:
+        uri = self._state.uri
+        if not uri.lower().startswith("s3+ddb://"):
+            return None
+        parsed = parse_ddb_uri(uri)
+        options = self._state.conn.storage_options
+        bucket = urlsplit(parsed.s3_uri).netloc
+        try:
+            store = await self._stack.enter_async_context(
+                AsyncS3ObjectStore(bucket, config=S3Config.from_options(options), legacy=True)
+            )
+            entries = await self._stack.enter_async_context(
+                AsyncDynamoDBManifestStore.open(
+                    parsed.table_name, DynamoDBConfig.from_options(options)
+                )
+            )
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        store.read_limits = ReadLimits.from_options(options)
+        return AsyncExternalStoreCommitHandler(store, entries)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.__aexit__(exc_type, exc, tb)
+
+
+def open_async_handler(
+    state: TableState,
+) -> AbstractAsyncContextManager[AsyncCommitHandler | None]:
     """An async commit handler (aioboto3) for an ``s3+ddb://`` table, closed on exit;
     None for other tables (their commits run the synchronous loop in a worker thread)."""
-    uri = state.uri
-    if not uri.lower().startswith("s3+ddb://"):
-        yield None
-        return
-    parsed = parse_ddb_uri(uri)
-    options = state.conn.storage_options
-    bucket = urlsplit(parsed.s3_uri).netloc
-    async with (
-        AsyncS3ObjectStore(bucket, config=S3Config.from_options(options), legacy=True) as store,
-        AsyncDynamoDBManifestStore.open(
-            parsed.table_name, DynamoDBConfig.from_options(options)
-        ) as entries,
-    ):
-        store.read_limits = ReadLimits.from_options(options)
-        yield AsyncExternalStoreCommitHandler(store, entries)
+    return _AsyncHandlerContext(state)
+
+
+class _LeftOpen:
+    """The clients of the AsyncTables of one event loop that are still open.
+
+    A table that is never closed (``await lancetx.aio.open(...)`` without ``async
+    with``) must not leave aiohttp sessions for the garbage collector, which closes
+    them from no loop at all, with warnings. Event loops already close what is left
+    when they shut down, through their async-generator hooks (``asyncio.run`` calls
+    ``loop.shutdown_asyncgens()``): one generator per loop, started when the loop's
+    first table opens its clients, closes them all from its ``finally``.
+    """
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, AsyncExitStack] = {}
+        self.closer: Any = None
+
+    async def close_all(self) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            while self.stacks:
+                _, stack = self.stacks.popitem()
+                try:
+                    await stack.aclose()
+                except Exception:  # the loop is shutting down: nothing to hand it to
+                    log.debug("closing an AsyncTable's clients at loop shutdown", exc_info=True)
+
+
+_LEFT_OPEN: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LeftOpen] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _close_at_loop_shutdown(key: int, stack: AsyncExitStack) -> None:
+    loop = asyncio.get_running_loop()
+    left = _LEFT_OPEN.get(loop)
+    if left is None:
+        left = _LEFT_OPEN[loop] = _LeftOpen()
+        closer = left.close_all()
+        await closer.asend(None)  # the loop's first-iteration hook now tracks it
+        left.closer = closer
+    left.stacks[key] = stack
+
+
+def _closed_by_owner(loop: asyncio.AbstractEventLoop | None, key: int) -> None:
+    left = _LEFT_OPEN.get(loop) if loop is not None else None
+    if left is not None:
+        left.stacks.pop(key, None)
 
 
 async def _commit(state: TableState, handler: AsyncCommitHandler | None, effect: Commit) -> Any:
@@ -175,6 +260,7 @@ async def _discard(store: Any, effect: Discard) -> None:
         run()  # keeping does no I/O: no await while a cancellation unwinds
 
 
+@checked_methods
 class AsyncTable(TableVerbs[Awaitable[int]]):
     """:class:`lancetx.Table` for asyncio: every verb returns an awaitable of the
     committed version; reads are coroutines too. Obtain one with :func:`open` or
@@ -201,9 +287,12 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the aioboto3 clients this table opened (``async with table:`` does it)."""
-        stack, self._stack, self._handler, self._loop = self._stack, None, None, None
+        """Close the aioboto3 clients this table opened (``async with table:`` does it;
+        a table left open has them closed when its event loop shuts down)."""
+        stack, loop = self._stack, self._loop
+        self._stack, self._handler, self._loop = None, None, None
         if stack is not None:
+            _closed_by_owner(loop, id(stack))
             await stack.aclose()
 
     async def _commit_handler(self) -> AsyncCommitHandler | None:
@@ -213,7 +302,12 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         if self._stack is not None and self._loop is loop:
             return self._handler
         stack = AsyncExitStack()
-        handler = await stack.enter_async_context(open_async_handler(self._state))
+        try:
+            handler = await stack.enter_async_context(open_async_handler(self._state))
+            await _close_at_loop_shutdown(id(stack), stack)
+        except BaseException:
+            await stack.aclose()
+            raise
         self._stack, self._handler, self._loop = stack, handler, loop
         return handler
 
@@ -317,6 +411,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return await asyncio.to_thread(self._sync.find_idempotency_key, key)
 
 
+@checked
 async def open(
     uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | None = None
 ) -> AsyncTable:
@@ -331,6 +426,7 @@ async def open(
 connect = open
 
 
+@checked
 async def write_table(
     uri: str,
     data: Any,
@@ -370,6 +466,7 @@ async def write_table(
     return table
 
 
+@checked
 async def commit_fragments(
     uri: str,
     fragments: Iterable[Any],

@@ -14,6 +14,24 @@ from collections.abc import Sequence
 from lancetx.commit.errors import LancetxError
 
 
+class ArgumentTypeError(LancetxError, TypeError):
+    """An argument of a public call has the wrong type. Nothing was read or written."""
+
+    def __init__(
+        self, call: str, argument: str, expected: str, value: object, signature: str, hint: str
+    ) -> None:
+        self.call = call
+        self.argument = argument
+        self.expected = expected
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        super().__init__(
+            f"{call}(): argument {argument!r} must be {expected}, got "
+            f"{type(value).__name__} {shown}{hint}. Signature: {signature}"
+        )
+
+
 class TableError(LancetxError):
     """Base class of front-door errors; ``uri`` names the table."""
 
@@ -148,6 +166,7 @@ class WriterClosedError(TableError):
 
 
 __all__ = [
+    "ArgumentTypeError",
     "ColumnMismatchError",
     "ForeignFragmentError",
     "InvalidPredicateError",

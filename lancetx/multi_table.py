@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any, TypeVar
 
+from lancetx.arguments import checked
 from lancetx.commit.engine.committer import CommitOptions
 from lancetx.commit.engine.operations import Transaction
 from lancetx.commit.engine.retry import RetryPolicy
@@ -56,6 +57,7 @@ def _options_of(key: Any, default: Mapping[str, str] | None) -> Mapping[str, str
     return own if isinstance(own, Mapping) else None
 
 
+@checked
 def commit_many(
     transactions: Mapping[K, Transaction],
     *,

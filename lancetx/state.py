@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from lancetx.commit.engine.committer import Committed, Parent, load_parent
-from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.commit.errors import DatasetNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.format.schema import fields_to_arrow_schema
@@ -36,6 +36,21 @@ _LANCETX_ONLY_PREFIXES = ("lancetx_",)
 def pylance_options(options: Mapping[str, str]) -> dict[str, str]:
     """The storage options to hand pylance (lancetx's own switches removed)."""
     return {k: v for k, v in options.items() if not k.lower().startswith(_LANCETX_ONLY_PREFIXES)}
+
+
+def nearest_versions(existing: list[int], version: int, around: int = 3) -> str:
+    """What to tell someone asking for a version that does not exist: the versions there
+    are, or the few nearest ones when they are many or not contiguous."""
+    if not existing:
+        return "the table has no versions"
+    ordered = sorted(set(existing))
+    if ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) <= 2 * around:
+        listed = ", ".join(map(str, ordered))
+        return f"the table has versions {listed}"
+    below = [v for v in ordered if v < version][-around:]
+    above = [v for v in ordered if v > version][:around]
+    near = ", ".join(map(str, below + above))
+    return f"nearest versions: {near} (oldest {ordered[0]}, latest {ordered[-1]})"
 
 
 @dataclass
@@ -118,7 +133,13 @@ class TableState:
         """The manifest of ``version`` (the cached one when it is the newest known)."""
         if self.parent is not None and self.parent.version == version:
             return self.parent
-        found = load_parent(self.conn.handler, self.conn.base, version)
+        try:
+            found = load_parent(self.conn.handler, self.conn.base, version)
+        except VersionNotFoundError:
+            existing = [loc.version for loc in self.conn.handler.list_versions(self.conn.base, 0)]
+            raise VersionNotFoundError(
+                self.uri, version, nearest_versions(existing, version)
+            ) from None
         assert found is not None
         return found
 
@@ -184,4 +205,4 @@ class TableState:
         return pylance_options(self.conn.storage_options) or None
 
 
-__all__ = ["TableState", "pylance_options"]
+__all__ = ["TableState", "nearest_versions", "pylance_options"]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 
+from lancetx.arguments import checked, checked_methods
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
 from lancetx.convert import to_transaction
@@ -59,6 +60,7 @@ def _args(
     return CommitArgs(commit_message, properties, idempotency_key, expected_version)
 
 
+@checked_methods
 class TableVerbs(Generic[R]):
     """The write verbs, written once for :class:`Table` (``R`` = int) and
     :class:`lancetx.aio.AsyncTable` (``R`` = an awaitable int): each builds a plan
@@ -361,6 +363,7 @@ class TableVerbs(Generic[R]):
         )
 
 
+@checked_methods
 class Table(TableVerbs[int]):
     """A Lance table committed through lancetx.
 
@@ -505,6 +508,7 @@ class Table(TableVerbs[int]):
         )
 
 
+@checked_methods
 class MergeInsertBuilder(Generic[R]):
     """pylance's merge_insert builder, committed by lancetx (see :meth:`Table.merge_insert`)."""
 
@@ -572,6 +576,7 @@ class MergeInsertBuilder(Generic[R]):
 # ---------------------------------------------------------------------- front door
 
 
+@checked
 def open(
     uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | None = None
 ) -> Table:
@@ -588,6 +593,7 @@ def open(
 connect = open
 
 
+@checked
 def write_table(
     uri: str,
     data: Any,
@@ -626,6 +632,7 @@ def write_table(
     return table
 
 
+@checked
 def commit_fragments(
     uri: str,
     fragments: Iterable[Any],

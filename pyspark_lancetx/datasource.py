@@ -279,7 +279,11 @@ class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """A read pinned to one version (plain data)."""
+    """A read pinned to one version (plain data).
+
+    ``data_uri`` is where pylance reads it (``s3://…`` for an ``s3+ddb://`` table):
+    the version was resolved through lancetx at planning, so the tasks never ask
+    DynamoDB again."""
 
     uri: str
     #: Not in the repr: it holds credentials.
@@ -289,13 +293,18 @@ class ScanPlan:
     filters: tuple[str, ...] = ()
     batch_size: int = 8192
     rows_per_partition: int = 1_000_000
+    data_uri: str | None = None
 
     def open(self) -> Any:
         """The pylance dataset at the pinned version."""
         import lance
 
+        from lancetx.state import pylance_options
+
         return lance.dataset(
-            self.uri, version=self.version, storage_options=self.storage_options or None
+            self.data_uri or self.uri,
+            version=self.version,
+            storage_options=pylance_options(self.storage_options) or None,
         )
 
     @property
@@ -398,6 +407,42 @@ def _called_for_pushdown() -> bool:
     return False
 
 
+def _resolve_version(options: ReadOptions) -> tuple[str, int, pa.Schema]:
+    """The data URI, version and Arrow schema to read, resolved through lancetx: a
+    missing table, version, DynamoDB table or credentials are the same typed errors
+    (naming the table, the version and its nearest ones, the configuration) as on
+    the write side, not pylance's text."""
+    from lancetx.commit.errors import DatasetNotFoundError, VersionNotFoundError
+    from lancetx.state import TableState
+
+    state = TableState.connect(options.uri, options.storage_options)
+    latest = state.refresh()
+    if latest is None:
+        raise DatasetNotFoundError(options.uri)
+    parent = latest
+    if options.version is not None:
+        parent = state.parent_at(options.version)
+    elif options.timestamp is not None:
+        when = _parse_timestamp(options.timestamp)
+        history = state.history()
+        before = [v for v in history if v.timestamp is not None and v.timestamp <= when]
+        if not before:
+            first = history[0] if history else None
+            raise VersionNotFoundError(
+                options.uri,
+                0,
+                f"no version was committed at or before {when.isoformat()}"
+                + (
+                    f"; the oldest is version {first.version}, committed "
+                    f"{first.timestamp.isoformat()}"
+                    if first is not None and first.timestamp is not None
+                    else ""
+                ),
+            )
+        parent = state.parent_at(before[-1].version)
+    return state.conn.data_uri, parent.version, state.schema_of(parent)
+
+
 def _parse_timestamp(text: str) -> datetime.datetime:
     try:
         value = datetime.datetime.fromisoformat(text)
@@ -416,6 +461,7 @@ class _Pinned:
     version: int
     schema_json: str
     names: tuple[str, ...] = field(default_factory=tuple)
+    data_uri: str | None = None
 
 
 class LanceTxDataSource(DataSource):  # type: ignore[misc]
@@ -431,17 +477,9 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         pinned: _Pinned | None = getattr(self, "_pinned", None)
         if pinned is not None:
             return pinned
-        import lance
-
         options = ReadOptions.parse(self.options)
-        kwargs: dict[str, Any] = {"storage_options": options.storage_options or None}
-        if options.version is not None:
-            kwargs["version"] = options.version
-        elif options.timestamp is not None:
-            # pylance compares against its version timestamps, which are naive local times.
-            kwargs["asof"] = _parse_timestamp(options.timestamp).astimezone().replace(tzinfo=None)
-        dataset = lance.dataset(options.uri, **kwargs)
-        spark_schema = read_spark_schema(dataset.schema, options.uri)
+        data_uri, version, arrow_schema = _resolve_version(options)
+        spark_schema = read_spark_schema(arrow_schema, options.uri)
         if options.columns is not None:
             by_name = {f.name: f for f in spark_schema.fields}
             for name in options.columns:
@@ -450,7 +488,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
                         options.uri, name, f"not a column of the table {sorted(by_name)}"
                     )
             spark_schema = StructType([by_name[n] for n in options.columns])
-        pinned = _Pinned(dataset.version, spark_schema.json(), tuple(spark_schema.names))
+        pinned = _Pinned(version, spark_schema.json(), tuple(spark_schema.names), data_uri)
         self._pinned = pinned
         return pinned
 
@@ -475,6 +513,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             filters=(options.filter,) if options.filter else (),
             batch_size=options.batch_size,
             rows_per_partition=options.rows_per_partition,
+            data_uri=pinned.data_uri,
         )
         reader_class = LanceTxFilteringReader if _called_for_pushdown() else LanceTxReader
         return reader_class(plan, schema)

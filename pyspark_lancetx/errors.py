@@ -14,10 +14,23 @@ from lancetx.commit.handlers.interface import CommitStateUnknownError
 class SparkOptionError(LancetxError, ValueError):
     """A data-source option has a value that cannot be used."""
 
-    def __init__(self, option: str, value: str, expected: str) -> None:
+    def __init__(self, option: str, value: str | None, expected: str) -> None:
         self.option = option
         self.value = value
         super().__init__(f"option {option!r}={value!r} is invalid: expected {expected}")
+
+
+class UnknownSparkOptionError(SparkOptionError):
+    """An option name the data source does not know (a typo would otherwise be ignored)."""
+
+    def __init__(self, option: str, where: str, suggestion: str) -> None:
+        self.option = option
+        self.value = None
+        LancetxError.__init__(self, f"unknown option {option!r} {where}: {suggestion}")
+
+
+class SparkSetupError(LancetxError):
+    """Spark cannot be made to find the data source from here; the message says what to set."""
 
 
 class SparkSchemaError(LancetxError):
@@ -81,5 +94,7 @@ __all__ = [
     "JobCommitUnknownError",
     "SparkOptionError",
     "SparkSchemaError",
+    "SparkSetupError",
+    "UnknownSparkOptionError",
     "UnsupportedSparkTypeError",
 ]

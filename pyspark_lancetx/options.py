@@ -1,9 +1,16 @@
 """The data source's options, parsed once on the planning side into plain dataclasses.
 
 Spark hands a Python data source its options as strings and lower-cases their
-keys, so every option name here is lower-case (``mergeSchema`` arrives as
-``mergeschema``; both spellings below are accepted). What the parsed objects
-hold is plain data (strings, ints, dicts): they travel pickled from the
+keys, so every option name here is lower-case. Every option is checked: an
+unknown name is refused with the closest valid one (``did you mean job_id?``),
+a value that is empty (or None) is refused, and the camelCase spellings Spark
+and Delta users type are accepted for the same options: any name without its
+underscores (``jobId``, ``commitMessage``, ``mergeSchema``, ``maxRowsPerFile``
+…) and Delta's ``versionAsOf`` / ``timestampAsOf`` for ``version`` /
+``timestamp``. (Spark itself drops an option whose value is None before the data
+source sees it: check a value that may be None, such as what
+:func:`pyspark_lancetx.last_commit` returns, before passing it.) What the parsed
+objects hold is plain data (strings, ints, dicts): they travel pickled from the
 planning worker to the executors and to the committing worker.
 
 Common
@@ -33,11 +40,12 @@ Read (``spark.read.format("lancetx")``)
 
 from __future__ import annotations
 
+import difflib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pyspark_lancetx.errors import SparkOptionError
+from pyspark_lancetx.errors import SparkOptionError, UnknownSparkOptionError
 
 STORAGE_PREFIX = "storage."
 PROPERTIES_PREFIX = "properties."
@@ -49,8 +57,97 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 
 
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {str(k).lower(): str(v) for k, v in options.items()}
+#: Options Spark itself adds or consumes (``save(path)``, a stream's checkpoint).
+SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation"})
+#: Every write option (besides ``storage.<name>`` and ``properties.<key>``).
+WRITE_KEYS = frozenset(
+    {
+        "commit_message",
+        "job_id",
+        "vector_columns",
+        "nullable",
+        "merge_schema",
+        "max_rows_per_file",
+        "max_rows_per_group",
+        "max_bytes_per_file",
+        "data_storage_version",
+        "commit_timeout",
+        "stream_id",
+    }
+)
+#: Every read option (besides ``storage.<name>``).
+READ_KEYS = frozenset(
+    {"version", "timestamp", "columns", "filter", "rows_per_partition", "batch_size"}
+)
+#: Names Delta users know for the same read options (lower-cased, as Spark hands them).
+DELTA_ALIASES = {"versionasof": "version", "timestampasof": "timestamp"}
+
+
+def _aliases(keys: frozenset[str]) -> dict[str, str]:
+    """camelCase (lower-cased by Spark, so: without underscores) → the option's name."""
+    out = {k.replace("_", ""): k for k in keys if "_" in k}
+    out.update({a: k for a, k in DELTA_ALIASES.items() if k in keys})
+    return out
+
+
+def _normalized(
+    options: Mapping[str, str | None], keys: frozenset[str], prefixes: tuple[str, ...], side: str
+) -> dict[str, str]:
+    """Spark's option map with aliases resolved; unknown names and empty values refused."""
+    aliases = _aliases(keys)
+    other = (READ_KEYS if keys is WRITE_KEYS else WRITE_KEYS) - keys
+    out: dict[str, str] = {}
+    given_as: dict[str, str] = {}
+    for raw_key, raw_value in options.items():
+        key = str(raw_key).lower()
+        name = aliases.get(key, key)
+        if not (name in keys or name in SPARK_KEYS or key.startswith(prefixes)):
+            where = f"{side} {options.get('path')!r}" if options.get("path") else side
+            raise UnknownSparkOptionError(
+                str(raw_key), where, _suggestion(key, keys, aliases, prefixes, other)
+            )
+        if raw_value is None or not str(raw_value).strip():
+            raise SparkOptionError(
+                str(raw_key),
+                raw_value,
+                "a value (leave the option out to use the default)",
+            )
+        if name in out and out[name] != str(raw_value):
+            # A storage option may be a credential: its values are not repeated.
+            secret = name.startswith(STORAGE_PREFIX)
+            raise SparkOptionError(
+                str(raw_key),
+                "<not shown>" if secret else str(raw_value),
+                f"one value: it was also given as {given_as[name]!r}"
+                + ("" if secret else f"={out[name]!r}"),
+            )
+        out[name] = str(raw_value)
+        given_as[name] = str(raw_key)
+    return out
+
+
+def _suggestion(
+    key: str,
+    keys: frozenset[str],
+    aliases: Mapping[str, str],
+    prefixes: tuple[str, ...],
+    other: frozenset[str],
+) -> str:
+    names = sorted(keys)
+    if key in other or key in _aliases(other):
+        kind, here = ("write", "reads") if keys is READ_KEYS else ("read", "writes")
+        return f"it is a {kind} option; {here} take: " + (
+            ", ".join([*names, *(p + "<name>" for p in prefixes)])
+        )
+    candidates = [*keys, *aliases, *(p.rstrip(".") for p in prefixes)]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = ""
+    if close:
+        best = aliases.get(close[0], close[0])
+        hint = f"did you mean {best + '.<name>' if best + '.' in prefixes else best}? "
+    elif "." in key and not key.startswith(prefixes):
+        hint = f"did you mean {prefixes[0]}{key.partition('.')[2]}? "
+    return hint + "options here: " + ", ".join([*names, *(p + "<name>" for p in prefixes)])
 
 
 def _flag(options: Mapping[str, str], *names: str) -> bool:
@@ -130,9 +227,9 @@ class WriteOptions:
     stream_id: str | None = None
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> WriteOptions:
+    def parse(cls, raw: Mapping[str, str | None]) -> WriteOptions:
         """Parse Spark's option map; raises SparkOptionError naming a bad option."""
-        options = _lower(raw)
+        options = _normalized(raw, WRITE_KEYS, (STORAGE_PREFIX, PROPERTIES_PREFIX), "writing")
         nullable = options.get("nullable", "all").strip().lower()
         if nullable not in ("all", "spark"):
             raise SparkOptionError("nullable", options["nullable"], "'all' or 'spark'")
@@ -156,7 +253,7 @@ class WriteOptions:
             job_id_given=bool(job_id),
             vector_columns=parse_vector_columns(options.get("vector_columns", "")),
             keep_spark_nullability=nullable == "spark",
-            merge_schema=_flag(options, "merge_schema", "mergeschema"),
+            merge_schema=_flag(options, "merge_schema"),
             max_rows_per_file=_positive_int(options, "max_rows_per_file"),
             max_rows_per_group=_positive_int(options, "max_rows_per_group"),
             max_bytes_per_file=_positive_int(options, "max_bytes_per_file"),
@@ -181,9 +278,9 @@ class ReadOptions:
     batch_size: int = DEFAULT_BATCH_SIZE
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> ReadOptions:
+    def parse(cls, raw: Mapping[str, str | None]) -> ReadOptions:
         """Parse Spark's option map; raises SparkOptionError naming a bad option."""
-        options = _lower(raw)
+        options = _normalized(raw, READ_KEYS, (STORAGE_PREFIX,), "reading")
         version = _positive_int(options, "version")
         timestamp = options.get("timestamp") or None
         if version is not None and timestamp is not None:

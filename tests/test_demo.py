@@ -63,3 +63,40 @@ def test_demo_runs_and_reports_a_linear_complete_history() -> None:
     assert [int(row[0]) for row in table] == list(range(1, 8)), out  # read back by our reader
     assert {row[2] for row in table} == {"lance", "lancetx"}, out
     assert [int(row[3]) for row in table] == [10 * v for v in range(1, 8)], out
+
+
+def _dry_run(target: str, tmp_path: Path) -> list[str]:
+    """The commands ``make TARGET`` would run for a venv that does not exist yet."""
+    done = subprocess.run(
+        ["make", "-n", target, f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_make_demo_installs_only_what_the_demo_runs_and_says_so(tmp_path: Path) -> None:
+    demo = _dry_run("demo", tmp_path)
+    installs = [line for line in demo if " pip install " in line]
+    assert len(installs) == 2, demo
+    assert "--upgrade pip" in installs[0]  # the venv's pip first
+    assert installs[1].endswith("-e '.[spark,embedded]'")
+    assert not any(".[dev]" in line for line in demo)
+    said = [line for line in demo if line.startswith("echo ")]
+    assert len(said) == 1 and "[spark,embedded]" in said[0] and "minutes" in said[0]
+    assert demo[-1].endswith("python -m pyspark_lancetx.demo")
+
+    test = _dry_run("venv", tmp_path)
+    installs = [line for line in test if " pip install " in line]
+    assert "--upgrade pip" in installs[0] and installs[1].endswith("-e '.[dev]'")
+
+
+def test_lancetx_demo_help_names_itself() -> None:
+    script = Path(sys.executable).parent / "lancetx-demo"
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "make demo" not in done.stdout
+    assert "lancetx-demo" in done.stdout.split("options:")[0].split("\n", 1)[1]

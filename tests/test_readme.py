@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -50,3 +51,51 @@ def test_every_python_snippet_runs_on_a_fresh_empty_path(
     # created, changed by every verb, then the async snippet deleted ids >= 100
     # (the streamed rows and the committed fragment); the low-level append added 600.
     assert sorted(ds.to_table()["id"].to_pylist()) == [1, 3, 4, 9, 10, 600]
+
+
+_ASYNC_SCRIPT = """
+import json, sys
+uri, options = json.loads(sys.argv[1])
+"""
+#: What asyncio's debug mode may log: a step that held the loop longer than 100 ms
+#: (timing on a loaded machine, not a fault).
+_DEBUG_TIMING = re.compile(r"^Executing <.*> took [0-9.]+ seconds$")
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["asyncio.run", "PYTHONASYNCIODEBUG"])
+def test_the_asyncio_snippet_runs_cleanly_with_warnings_as_errors(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str, debug: bool
+) -> None:
+    """The README's asyncio block as a user runs it (a script, the table never closed):
+    no warning, no "Task exception was never retrieved", nothing on stderr."""
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    import lancetx
+
+    (snippet,) = [b for b in _blocks("python") if "asyncio.run(" in b]
+    uri = f"s3+ddb://{bucket}/tables/events.lance?ddbTableName={ddb_table_name}"
+    options = aws.pylance_storage_options()
+    create_table(boto3.client("dynamodb", **aws.client_kwargs("dynamodb")), ddb_table_name)
+    lancetx.write_table(uri, pa.table({"id": list(range(150))}), storage_options=options)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+    env["PYTHONWARNINGS"] = "error"
+    # Python's development mode turns asyncio's debug mode on (and shows every
+    # ResourceWarning): only in the debug case.
+    flags = ["-W", "error"]
+    if debug:
+        env["PYTHONASYNCIODEBUG"] = "1"
+        flags += ["-X", "dev"]
+    done = subprocess.run(
+        [sys.executable, *flags, "-c", _ASYNC_SCRIPT + snippet, json.dumps([uri, options])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    noise = [line for line in done.stderr.splitlines() if line and not _DEBUG_TIMING.match(line)]
+    assert done.returncode == 0 and noise == [], done.stderr
+    assert done.stdout.split() == ["100"]

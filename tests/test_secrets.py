@@ -151,7 +151,7 @@ def test_cli_output_never_shows_a_secret(
     # Every command opens its table the same way: one in text, one in JSON.
     for command, json in (("status", ()), ("doctor", ("--json",))):
         out = run_cli(aws, command, table.uri, *json, *conflicting)
-        assert out.code == 1, out.stdout + out.stderr
+        assert out.code == 2, out.stdout + out.stderr  # conflicting options: a usage error
         assert "StorageOptionError" in out.stdout or "storage options" in out.stderr
         assert_clean(out.stdout, out.stderr, where=f"{command} {json}")
 

@@ -165,11 +165,16 @@ def cleanup_versions(
     errors: list[str] = []
     items_deleted: list[int] = []
     if not dry_run:
+        total = getattr(progress, "total", None)
+        if total is not None:
+            total("delete", len(removed) + len(removable_items) + len(files))
         for lv in removed:  # oldest first, one at a time: see the module docstring
             final = listing.finals.get(lv.version)
             for key in sorted({lv.key, final.key if final is not None else lv.key}):
                 table.store.delete(key)
+            progress("delete", 1)
         for entry in removable_items:
+            progress("delete", 1)
             try:
                 assert table.entries is not None
                 delete_item_if_path(table.entries, table.base, entry.version, entry.path)
@@ -183,7 +188,10 @@ def cleanup_versions(
         files = [k for k in files if k not in since_refs]
         for prefix in sorted(drop_indices):
             files.extend(m.key for m in table.store.list(prefix))
+        if total is not None:  # files kept for versions committed meanwhile, index files added
+            total("delete", len(removed) + len(removable_items) + len(files))
         for key in files:
+            progress("delete", 1)
             try:
                 table.store.delete(key)
             except LancetxError as exc:

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from lancetx.commit.engine.builder import build_manifest
-from lancetx.commit.errors import LancetxError, ObjectNotFoundError
+from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, encode_manifest, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.storage.limits import TRANSACTION, read_capped
@@ -32,6 +32,7 @@ from lancetx.ops.items import ItemChangedError, delete_item_if_path, raw_item, s
 from lancetx.ops.table import OpsTable
 from lancetx.ops.verify import TableScan, _staged_copies, scan_table
 from lancetx.ops.wedged import Candidate, wedged_candidates
+from lancetx.state import nearest_versions
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,14 @@ def repair_table(
     scan = scan_table(table, progress=progress)
     newest = scan.entries[-1].version if scan.entries else None
     by_version = {e.version: e for e in scan.entries}
+    if (
+        version is not None
+        and version not in by_version
+        and not any(f.version == version for f in scan.findings)
+    ):
+        # Not "nothing to repair": the operator named a version the table does not have.
+        known = sorted(by_version.keys() | {f.version for f in scan.findings if f.version})
+        raise VersionNotFoundError(table.uri, version, nearest_versions(known, version))
     actions: list[RepairAction] = []
     unresolved: list[Finding] = []
     candidates: dict[int, list[Candidate]] = {}

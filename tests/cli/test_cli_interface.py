@@ -3,16 +3,12 @@ bars on a terminal only, the console script."""
 
 from __future__ import annotations
 
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import make_table, run_cli
+from cli_helpers import make_table, run_cli, run_cli_on_pty
 from typer.testing import CliRunner
 
 from lancetx.cli.app import app
@@ -47,11 +43,25 @@ def test_every_command_shows_an_example_in_its_help(command: str) -> None:
         ["gc", "s3+ddb://b/t?ddbTableName=T", "--older-than", "soon"],
         ["verify", "s3+ddb://b/t?ddbTableName=T", "-o", "no-equals-sign"],
         ["cleanup", "s3+ddb://b/t?ddbTableName=T"],  # neither --keep-versions nor --older-than
+        [
+            "cleanup",
+            "s3+ddb://b/t?ddbTableName=T",
+            "--keep-versions",
+            "1",
+            "--items-older-than",
+            "x",
+        ],
+        ["gc", "s3+ddb://b/t?ddbTableName=T", "--delete", "--dry-run"],
+        ["status", "s4://x/y"],  # not a table URI
+        ["status", "s4://x/y", "--json"],
+        ["verify", "s3+ddb://b/t.lance"],  # no ddbTableName
+        ["onboard", "/tmp/not-a-ddb-table.lance"],  # needs an s3+ddb:// table
         ["frobnicate"],
     ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
-    assert CliRunner().invoke(app, args).exit_code == 2
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
 
 
 def test_the_console_script_runs() -> None:
@@ -60,52 +70,27 @@ def test_the_console_script_runs() -> None:
     assert done.returncode == 0 and "repair" in done.stdout
 
 
-def _run_on_pty(aws: EmbeddedAws, *args: str) -> tuple[int, str]:
-    """Run the CLI with stdout and stderr on a pseudo-terminal; return (code, output)."""
-    env = {**os.environ, **aws.environ(), "TERM": "xterm-256color", "COLUMNS": "120"}
-    env.pop("NO_COLOR", None)
-    master, slave = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lancetx.cli", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-    )
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.5)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif process.poll() is not None:
-            break
-    os.close(master)
-    return process.wait(timeout=30), b"".join(chunks).decode("utf-8", "replace")
-
-
 def test_progress_bars_on_a_terminal_only(
     aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
-    table = make_table(aws, bucket, ddb_table_name)
-    label = "reading manifests"  # the bar's description; nothing else prints it
+    """A walk of more than a few dozen objects draws bars on a terminal; never with
+    --json, never piped; a short walk draws none."""
+    table = make_table(aws, bucket, ddb_table_name, versions=15)  # 45 objects
+    label = "listing objects"  # the bar's description; nothing else prints it
 
-    code, shown = _run_on_pty(aws, "verify", table.uri)
-    assert code == 0
+    code, shown = run_cli_on_pty(aws, "gc", table.uri, "--older-than", "1d")
+    assert code == 0, shown
     assert label in shown and "━" in shown
 
-    code, as_json = _run_on_pty(aws, "verify", table.uri, "--json")
+    code, as_json = run_cli_on_pty(aws, "gc", table.uri, "--older-than", "1d", "--json")
     assert code == 0
     assert label not in as_json and "━" not in as_json
-    assert '"command": "verify"' in as_json
+    assert '"command": "gc"' in as_json
 
-    piped = run_cli(aws, "verify", table.uri)
+    piped = run_cli(aws, "gc", table.uri, "--older-than", "1d")
     assert piped.code == 0
     assert label not in piped.stdout + piped.stderr
+
+    code, short = run_cli_on_pty(aws, "verify", table.uri)  # 15 manifests: no bar
+    assert code == 0, short
+    assert "reading manifests" not in short and "━" not in short

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,21 +33,29 @@ class CliResult:
         return document
 
 
+#: The ``lancetx-sync`` console script of the interpreter running the tests.
+CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "lancetx-sync")
+
+
 def run_cli(
     aws: EmbeddedAws,
     *args: str,
     via_env: bool = True,
     extra_env: Mapping[str, str] | None = None,
     timeout: float = 120.0,
+    console_script: bool = False,
 ) -> CliResult:
-    """``python -m lancetx.cli ARGS`` against the embedded server.
+    """``python -m lancetx.cli ARGS`` (or the ``lancetx-sync`` console script) against the
+    embedded server, its stdout and stderr pipes (not a terminal).
 
     ``via_env`` points the CLI at the server through environment variables (as
     a user's shell would); otherwise through ``-o`` storage options after the args.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DYNAMODB_"))}
     env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
-    command = [sys.executable, "-m", "lancetx.cli", *args]
+    command = (
+        [CONSOLE_SCRIPT, *args] if console_script else [sys.executable, "-m", "lancetx.cli", *args]
+    )
     if via_env:
         env.update(aws.environ())
     else:
@@ -54,6 +65,40 @@ def run_cli(
     env.update(extra_env or {})
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def run_cli_on_pty(
+    aws: EmbeddedAws, *args: str, extra_env: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """Run the CLI with stdout and stderr on a pseudo-terminal; return (code, output)."""
+    env = {**os.environ, **aws.environ(), "TERM": "xterm-256color", "COLUMNS": "120"}
+    env.pop("NO_COLOR", None)
+    env.update(extra_env or {})
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lancetx.cli", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif process.poll() is not None:
+            break
+    os.close(master)
+    return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
 
 
 @dataclass

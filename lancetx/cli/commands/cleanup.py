@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
             handled,
             parse_storage_options,
             progress,
+            say,
             stdout_console,
         )
         from lancetx.ops.cleanup import cleanup_versions
@@ -62,10 +63,13 @@ def register(app: typer.Typer) -> None:
             )
         try:
             age = parse_age(older_than) if older_than is not None else None
-            fence = parse_age(items_older_than)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--older-than") from None
-        labels = {"list": "listing objects", "read": "reading manifests"}
+        try:
+            fence = parse_age(items_older_than)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--items-older-than") from None
+        labels = {"list": "listing objects", "read": "reading manifests", "delete": "deleting"}
         with handled("cleanup", json), progress(json, labels) as bar:
             report = cleanup_versions(
                 open_table(uri, options),
@@ -80,14 +84,15 @@ def register(app: typer.Typer) -> None:
         else:
             console = stdout_console()
             verb = "would remove" if dry_run else "removed"
-            console.print(
+            say(
+                console,
                 f"{verb} versions {report.removed_versions or 'none'}; kept "
                 f"{len(report.kept_versions)} (latest {report.latest_version}); "
                 f"{len(report.files_deleted)} file(s), {len(report.items_deleted)} item(s); "
                 f"{len(report.items_kept_as_fence)} item(s) kept until older than "
-                f"{items_older_than}"
+                f"{items_older_than}",
             )
             for error in report.errors:
-                console.print(f"[red]error[/]: {error}")
+                say(console, f"error: {error}")
         if not report.ok:
             raise typer.Exit(FINDINGS)

@@ -42,7 +42,13 @@ def register(app: typer.Typer) -> None:
         """Create a DynamoDB table in Lance's manifest layout (HASH base_uri S, RANGE
         version N), on-demand unless capacities are given; wait until ACTIVE; stamp
         the lancetx store layout. An existing table of that layout is accepted."""
-        from lancetx.cli.output import emit_json, handled, parse_storage_options, stdout_console
+        from lancetx.cli.output import (
+            emit_json,
+            handled,
+            parse_storage_options,
+            say,
+            stdout_console,
+        )
         from lancetx.externalstore.dynamodb import DynamoDBConfig, make_client
         from lancetx.ops.create_table import create_manifest_table
 
@@ -65,11 +71,12 @@ def register(app: typer.Typer) -> None:
             return
         console = stdout_console()
         if dry_run:
-            console.print(f"would send CreateTable {report.request}")
+            say(console, f"would send CreateTable {report.request}")
         else:
             state = "created" if report.created else "already existed"
-            console.print(
+            say(
+                console,
                 f"table {name} {state}: {report.status}, {report.billing_mode}, "
                 f"store layout {report.schema_version}"
-                + (", point-in-time recovery on" if pitr else "")
+                + (", point-in-time recovery on" if pitr else ""),
             )

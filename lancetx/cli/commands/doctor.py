@@ -9,6 +9,14 @@ import typer
 from lancetx.cli.options import TABLE, DryRun, JsonOutput, StorageOptions, UriArg, example
 
 
+def _detail(name: str, detail: str) -> str:
+    """The detail without the check's name, which its own column already shows
+    ("dynamodb:Query on arn:…" → "on arn:…")."""
+    if detail.startswith(name) and detail[len(name) : len(name) + 1] in (" ", ":"):
+        return detail[len(name) :].lstrip(" :") or detail
+    return detail
+
+
 def register(app: typer.Typer) -> None:
     @app.command(
         epilog=example(
@@ -43,8 +51,8 @@ def register(app: typer.Typer) -> None:
             emit_json,
             handled,
             parse_storage_options,
+            print_table,
             stdout_console,
-            table,
         )
         from lancetx.ops.doctor import DOCTOR_ROLES, run_doctor
         from lancetx.ops.table import open_table
@@ -61,12 +69,11 @@ def register(app: typer.Typer) -> None:
         if json:
             emit_json("doctor", report)
         else:
-            stdout_console().print(
-                table(
-                    f"doctor {report.uri} (role {report.role})",
-                    ["check", "status", "detail", "fix"],
-                    [[c.name, c.status, c.detail, c.fix] for c in report.checks],
-                )
+            print_table(
+                stdout_console(),
+                f"doctor {report.uri} (role {report.role})",
+                ["check", "status", "detail", "fix"],
+                [[c.name, c.status, _detail(c.name, c.detail), c.fix] for c in report.checks],
             )
         if not report.ok:
             raise typer.Exit(FINDINGS)

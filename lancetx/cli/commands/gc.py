@@ -52,12 +52,13 @@ def register(app: typer.Typer) -> None:
         from lancetx.cli.output import (
             FINDINGS,
             emit_json,
-            fail,
             handled,
             parse_storage_options,
+            print_table,
             progress,
+            say,
             stdout_console,
-            table,
+            usage_error,
         )
         from lancetx.ops.gc import (
             COMMIT_BUDGET,
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:  # UnsafeThresholdError too: a usage error, exit 2
             raise typer.BadParameter(str(exc), param_hint="--older-than") from None
         if delete and dry_run:
-            fail("--delete and --dry-run exclude each other", as_json=json, command="gc")
+            usage_error("--delete and --dry-run exclude each other", as_json=json, command="gc")
         labels = {"list": "listing objects", "read": "reading manifests", "delete": "deleting"}
         with handled("gc", json), progress(json, labels) as bar:
             report = collect_garbage(
@@ -92,16 +93,16 @@ def register(app: typer.Typer) -> None:
         else:
             console = stdout_console()
             if report.candidates:
-                console.print(
-                    table(
-                        "Would delete" if report.dry_run else "Deleted",
-                        ["kind", "key", "bytes", "last modified"],
-                        [[c.kind, c.key, c.size, c.last_modified] for c in report.candidates],
-                    )
+                print_table(
+                    console,
+                    "Would delete" if report.dry_run else "Deleted",
+                    ["kind", "key", "bytes", "last modified"],
+                    [[c.kind, c.key, c.size, c.last_modified] for c in report.candidates],
                 )
-            console.print(
+            say(
+                console,
                 f"{len(report.candidates)} object(s), {report.bytes_reclaimable} bytes "
-                + ("reclaimable (dry run; add --delete)" if report.dry_run else "reclaimed")
+                + ("reclaimable (dry run; add --delete)" if report.dry_run else "reclaimed"),
             )
             if age < MINIMUM_OLDER_THAN:
                 console.print(
@@ -110,6 +111,6 @@ def register(app: typer.Typer) -> None:
                     f"{format_age(MINIMUM_OLDER_THAN)} with the files they name"
                 )
             for error in report.errors:
-                console.print(f"[red]not deleted[/]: {error}")
+                say(console, f"not deleted: {error}")
         if not report.ok:
             raise typer.Exit(FINDINGS)

@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
             handled,
             parse_storage_options,
             print_findings,
+            say,
             stdout_console,
         )
         from lancetx.ops.migrate import migrate_to_conditional_put as migrate
@@ -43,17 +44,17 @@ def register(app: typer.Typer) -> None:
             emit_json("migrate-to-conditional-put", report)
         else:
             console = stdout_console()
-            console.print(f"conditional-PUT probe: {report.probe_detail}")
+            say(console, f"conditional-PUT probe: {report.probe_detail}")
             if report.conditional_put is not True:
                 console.print("[red]not migrated[/]: keep using s3+ddb:// on this bucket")
             elif report.blocking:
                 print_findings(console, report.blocking, title="Repair these first")
             else:
                 verb = "would finalize" if dry_run else "finalized"
-                console.print(f"{verb} versions {report.finalized or 'none'}")
+                say(console, f"{verb} versions {report.finalized or 'none'}")
                 if report.moved:
-                    console.print(f"[green]migrated[/]: the table is now {report.new_uri}")
-                console.print("pylance users must:")
+                    say(console, f"migrated: the table is now {report.new_uri}")
+                say(console, "pylance users must:")
                 for change in report.pylance_changes:
                     console.print(f"  - {change}", markup=False)
         if not report.ok:

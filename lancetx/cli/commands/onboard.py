@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
             handled,
             parse_storage_options,
             progress,
+            say,
             stdout_console,
         )
         from lancetx.ops.onboard import onboard_table
@@ -37,7 +38,8 @@ def register(app: typer.Typer) -> None:
             emit_json("onboard", report)
             return
         verb = "would record" if dry_run else "recorded"
-        stdout_console().print(
+        say(
+            stdout_console(),
             f"{report.manifests_found} manifest(s), {report.already_recorded} already recorded; "
-            f"{verb} {len(report.recorded)}: {report.recorded or 'none'}"
+            f"{verb} {len(report.recorded)}: {report.recorded or 'none'}",
         )

@@ -60,9 +60,9 @@ def register(app: typer.Typer) -> None:
             handled,
             parse_storage_options,
             print_findings,
+            print_table,
             progress,
             stdout_console,
-            table,
         )
         from lancetx.ops.repair import repair_table
         from lancetx.ops.table import open_table
@@ -85,23 +85,21 @@ def register(app: typer.Typer) -> None:
         else:
             console = stdout_console()
             if report.actions:
-                console.print(
-                    table(
-                        "Dry run: would do" if dry_run else "Done",
-                        ["version", "action", "detail"],
-                        [[a.version, a.kind, a.detail] for a in report.actions],
-                    )
+                print_table(
+                    console,
+                    "Dry run: would do" if dry_run else "Done",
+                    ["version", "action", "detail"],
+                    [[a.version, a.kind, a.detail] for a in report.actions],
                 )
             for wedged, candidates in report.candidates.items():
-                console.print(
-                    table(
-                        f"Candidate transactions for wedged version {wedged}",
-                        ["transaction file", "read version", "operation", "usable", "problem"],
-                        [
-                            [c.name, c.read_version, c.operation, c.usable, c.problem]
-                            for c in candidates
-                        ],
-                    )
+                print_table(
+                    console,
+                    f"Candidate transactions for wedged version {wedged}",
+                    ["transaction file", "read version", "operation", "usable", "problem"],
+                    [
+                        [c.name, c.read_version, c.operation, c.usable, c.problem]
+                        for c in candidates
+                    ],
                 )
             if report.unresolved:
                 print_findings(console, report.unresolved, title="Not repaired")

@@ -22,9 +22,10 @@ def register(app: typer.Typer) -> None:
             emit_json,
             handled,
             parse_storage_options,
+            print_table,
             progress,
+            say,
             stdout_console,
-            table,
         )
         from lancetx.ops.status import table_status
         from lancetx.ops.table import open_table
@@ -53,6 +54,6 @@ def register(app: typer.Typer) -> None:
             ["store schema", report.store_schema_version],
             ["moved to", report.moved_to],
         ]
-        console.print(table("Status", ["", ""], rows))
+        print_table(console, "Status", ["", ""], rows, header=False)
         for note in report.notes:
-            console.print(f"note: {note}")
+            say(console, f"note: {note}")

@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
             parse_storage_options,
             print_findings,
             progress,
+            say,
             stdout_console,
         )
         from lancetx.ops.table import open_table
@@ -49,9 +50,10 @@ def register(app: typer.Typer) -> None:
             emit_json("verify", report)
         else:
             console = stdout_console()
-            console.print(
+            say(
+                console,
                 f"{report.uri}: {report.versions_checked} version(s) checked, "
-                f"latest {report.latest_version}"
+                f"latest {report.latest_version}",
             )
             print_findings(console, report.findings)
         if not report.ok:
