@@ -68,7 +68,9 @@ def test_demo_runs_and_reports_a_linear_complete_history() -> None:
 def _dry_run(target: str, tmp_path: Path) -> list[str]:
     """The commands ``make TARGET`` would run for a venv that does not exist yet."""
     done = subprocess.run(
-        ["make", "-n", target, f"VENV={tmp_path / 'venv'}"],
+        # --no-print-directory: under an outer make (CI's `make test`) a nested make
+        # would frame its output with "Entering/Leaving directory" lines.
+        ["make", "--no-print-directory", "-n", target, f"VENV={tmp_path / 'venv'}"],
         cwd=ROOT,
         capture_output=True,
         text=True,

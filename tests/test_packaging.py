@@ -9,6 +9,7 @@ boto3 is there first, then ``pip install lancetx`` (no extras), later
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,8 +46,17 @@ pytestmark = pytest.mark.slow
 
 def _run(cmd: list[str], *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     # Run outside the source tree: from its root, ``lancetx/`` would shadow the install.
+    # Nor may the test session's PYTHONPATH leak in (the Spark tests put the checkout on
+    # it for their Python workers): a user's venv sees only what was installed into it.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, check=False, cwd=cwd or Path.home()
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=cwd or Path.home(),
+        env=env,
     )
 
 
