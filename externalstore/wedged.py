@@ -51,6 +51,7 @@ from lancetx.externalstore.errors import (
     EntryNotFoundError,
     ManifestMissingError,
     TableCollisionError,
+    UntrustedManifestPathError,
     WedgedVersionError,
     repair_command,
 )
@@ -64,6 +65,7 @@ from lancetx.externalstore.protocol import (
     Table,
     run,
     run_async,
+    validate_entry,
 )
 
 if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
@@ -119,8 +121,13 @@ def _committed_transaction_uuids(table: Table, since: int, skip: int) -> Steps[s
     entries: list[ManifestEntry] = yield ListEntries(table.base_uri, since)
     paths: dict[int, list[str]] = {}
     for entry in entries:
-        if entry.version != skip:
-            paths[entry.version] = [entry.path]
+        if entry.version == skip:
+            continue
+        try:
+            validate_entry(table, entry)
+        except UntrustedManifestPathError:
+            continue  # never followed (verify reports it); its manifest is not ours
+        paths[entry.version] = [entry.path]
     # Versions committed before the table used the external store have no entry.
     versions_prefix = table.versions_prefix()
     listed: list[ObjectMeta] = yield ListObjects(versions_prefix)

@@ -3,21 +3,32 @@
 Each version's manifest carries its transaction inline (lancetx and pylance 14 both
 write it), so a version costs one GET; older versions without it fall back to the
 transaction file. Versions are loaded in parallel.
+
+Versions a cleanup removed keep their DynamoDB items for a while (fences against
+writers holding an old parent), so the version store still lists them: they are
+left out (:func:`lancetx.commit.format.retention.removed_versions` tells them from
+versions whose manifest is missing, which raise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
 from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY, Transaction
+from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile, read_manifest_at
+from lancetx.commit.format.retention import removed_versions
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.storage.objectstore import ObjectStore
+
+T = TypeVar("T")
 
 #: Transaction property holding a commit's idempotency key (the commit loop's).
 IDEMPOTENCY_KEY_PROPERTY = IDEMPOTENCY_KEY
@@ -78,28 +89,86 @@ def version_info(
     )
 
 
+class _Gone:
+    """A version whose manifest was not found (see :func:`map_versions`)."""
+
+    def __init__(self, error: ObjectNotFoundError) -> None:
+        self.error = error
+
+
+def map_versions(
+    store: ObjectStore,
+    base: str,
+    locations: Sequence[ManifestLocation],
+    read: Callable[[ManifestLocation, ManifestFile], T],
+    *,
+    parallelism: int = HISTORY_PARALLELISM,
+) -> list[tuple[ManifestLocation, T]]:
+    """``read`` each location's manifest, in parallel, in the order given, leaving out
+    the versions a cleanup removed (their items outlive their manifests).
+
+    A manifest that is gone although its version was not removed (lost, deleted by
+    hand, or a staged item's: a cleanup never removes one) raises its
+    ObjectNotFoundError; so does anything ``read`` itself raises."""
+
+    def one(location: ManifestLocation) -> T | _Gone:
+        try:
+            manifest = read_manifest_at(store, location)
+        except ObjectNotFoundError as exc:
+            return _Gone(exc)
+        return read(location, manifest)
+
+    if not locations:
+        return []
+    with ThreadPoolExecutor(max_workers=min(parallelism, len(locations))) as pool:
+        results = list(pool.map(one, locations))
+    gone = {
+        loc.version: result.error
+        for loc, result in zip(locations, results, strict=True)
+        if isinstance(result, _Gone)
+    }
+    if gone:
+        removable = [
+            loc.version
+            for loc in locations
+            if loc.version in gone and loc.alternate_key is None  # a staged item's: never
+        ]
+        removed = removed_versions(store, base, removable)
+        for version in sorted(gone):
+            if version not in removed:
+                raise gone[version]
+    return [
+        (loc, result)
+        for loc, result in zip(locations, results, strict=True)
+        if not isinstance(result, _Gone)
+    ]
+
+
 def iter_history_newest_first(
     handler: CommitHandler, base: str, *, until: int | None = None, since: int = 0
 ) -> Iterator[VersionInfo]:
-    """Versions ``since+1 .. until`` (default: latest) newest first, loaded in parallel batches."""
+    """Versions ``since+1 .. until`` (default: latest) newest first, loaded in parallel
+    batches; versions a cleanup removed are left out."""
     locations = handler.list_versions(base, since)
     if until is not None:
         locations = [loc for loc in locations if loc.version <= until]
     locations.sort(key=lambda loc: loc.version, reverse=True)
-    with ThreadPoolExecutor(max_workers=HISTORY_PARALLELISM) as pool:
-        for start in range(0, len(locations), HISTORY_PARALLELISM):
-            batch = locations[start : start + HISTORY_PARALLELISM]
-            yield from pool.map(lambda loc: version_info(handler, base, loc), batch)
+    for start in range(0, len(locations), HISTORY_PARALLELISM):
+        yield from load_versions(handler, base, locations[start : start + HISTORY_PARALLELISM])
 
 
 def load_versions(
     handler: CommitHandler, base: str, locations: list[ManifestLocation]
 ) -> list[VersionInfo]:
-    """The :class:`VersionInfo` of each location, loaded in parallel."""
-    if not locations:
-        return []
-    with ThreadPoolExecutor(max_workers=min(HISTORY_PARALLELISM, len(locations))) as pool:
-        return list(pool.map(lambda loc: version_info(handler, base, loc), locations))
+    """The :class:`VersionInfo` of each location, loaded in parallel, in the order
+    given; versions a cleanup removed are left out (see :func:`map_versions`)."""
+    loaded = map_versions(
+        handler.store,
+        base,
+        locations,
+        lambda loc, manifest: version_info(handler, base, loc, manifest),
+    )
+    return [info for _, info in loaded]
 
 
 def load_history(
@@ -128,5 +197,6 @@ __all__ = [
     "iter_history_newest_first",
     "load_history",
     "load_versions",
+    "map_versions",
     "version_info",
 ]

@@ -101,7 +101,8 @@ class TableState:
         loaded = load_versions(handler, base, missing)
         with self._lock:
             self._infos.update((info.version, info) for info in loaded)
-            return [self._infos[loc.version] for loc in locations]
+            # Versions a cleanup removed were left out by load_versions.
+            return [self._infos[loc.version] for loc in locations if loc.version in self._infos]
 
     def find_idempotency_key(
         self, key: str, horizon: int | None = None, *, since: int = 0
@@ -130,7 +131,7 @@ class TableState:
             loaded = load_versions(handler, base, missing)
             with self._lock:
                 self._infos.update((info.version, info) for info in loaded)
-                infos = [self._infos[loc.version] for loc in batch]
+                infos = [self._infos[loc.version] for loc in batch if loc.version in self._infos]
             for info in infos:
                 if info.idempotency_key == key:
                     return info.version

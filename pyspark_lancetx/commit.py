@@ -32,13 +32,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY, load_parent
 from lancetx.commit.errors import LancetxError, RetriesExhaustedError, TransientObjectStoreError
-from lancetx.commit.format.manifest import read_manifest_at
+from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.errors import ColumnMismatchError
@@ -48,6 +48,7 @@ from lancetx.externalstore.errors import (
     ServiceUnavailableError,
     ThrottledError,
 )
+from lancetx.history import map_versions
 from pyspark_lancetx.errors import JobCommitTimeoutError, JobCommitUnknownError, SparkSchemaError
 from pyspark_lancetx.write_task import (
     TaskOutput,
@@ -122,20 +123,23 @@ class JobCommitted:
 def _transactions_newest_first(
     conn: TableConnection, since: int, until: int
 ) -> Iterator[tuple[int, Mapping[str, str]]]:
-    """``(version, transaction properties)`` for versions in ``(since, until]``, newest first."""
+    """``(version, transaction properties)`` for versions in ``(since, until]``, newest
+    first; versions a cleanup removed (their items outlive their manifests) are skipped."""
     locations = [
         loc for loc in conn.handler.list_versions(conn.base, since) if loc.version <= until
     ]
     locations.reverse()
 
-    def properties(location: Any) -> tuple[int, Mapping[str, str]]:
-        manifest = read_manifest_at(conn.handler.store, location)
+    def properties(location: ManifestLocation, manifest: ManifestFile) -> Mapping[str, str]:
         txn = read_transaction_of(conn.handler.store, conn.base, manifest)
-        return location.version, dict(txn.transaction_properties) if txn is not None else {}
+        return dict(txn.transaction_properties) if txn is not None else {}
 
-    with ThreadPoolExecutor(max_workers=SCAN_PARALLELISM) as pool:
-        for start in range(0, len(locations), SCAN_PARALLELISM):
-            yield from pool.map(properties, locations[start : start + SCAN_PARALLELISM])
+    for start in range(0, len(locations), SCAN_PARALLELISM):
+        batch = locations[start : start + SCAN_PARALLELISM]
+        for location, props in map_versions(
+            conn.handler.store, conn.base, batch, properties, parallelism=SCAN_PARALLELISM
+        ):
+            yield location.version, props
 
 
 def find_committed(conn: TableConnection, job: JobCommit, since: int, until: int) -> int | None:
@@ -200,19 +204,19 @@ def table_history(
     from lancetx.commit.format.snapshot import load_snapshot
 
     conn = connect(uri, dict(storage_options or {}))
-    out = []
-    for location in conn.handler.list_versions(conn.base, 0):
-        snapshot = load_snapshot(conn.handler.store, conn.base, location)
+    locations = conn.handler.list_versions(conn.base, 0)
+
+    def record(location: ManifestLocation, manifest: ManifestFile) -> VersionRecord:
+        snapshot = load_snapshot(conn.handler.store, conn.base, location, loaded=manifest)
         txn = snapshot.transaction()
-        out.append(
-            VersionRecord(
-                version=snapshot.version,
-                operation=(txn.WhichOneof("operation") or "?") if txn is not None else "?",
-                properties=dict(txn.transaction_properties) if txn is not None else {},
-                rows=snapshot.num_rows,
-            )
+        return VersionRecord(
+            version=snapshot.version,
+            operation=(txn.WhichOneof("operation") or "?") if txn is not None else "?",
+            properties=dict(txn.transaction_properties) if txn is not None else {},
+            rows=snapshot.num_rows,
         )
-    return out
+
+    return [found for _, found in map_versions(conn.handler.store, conn.base, locations, record)]
 
 
 # --------------------------------------------------------------------------- commit

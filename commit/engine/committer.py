@@ -104,6 +104,7 @@ from lancetx.commit.errors import (
     RetryableConflictError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.fragments import unsafe_file_paths
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import (
     ManifestFile,
@@ -323,6 +324,7 @@ def commit_steps(
     options = options or CommitOptions()
     uri = names.uri(base)
     ours = _with_properties(transaction, options)
+    _refuse_unsafe_paths(uri, ours)
     current = (
         _as_parent(parent) if parent is not None else (yield from load_parent_steps(names, base))
     )
@@ -987,6 +989,21 @@ def _with_properties(txn: Transaction, options: CommitOptions) -> Transaction:
     if options.idempotency_key:
         props[IDEMPOTENCY_KEY] = options.idempotency_key
     return dataclasses.replace(txn, properties=props)
+
+
+def _refuse_unsafe_paths(uri: str, ours: Transaction) -> None:
+    """A data file path that could name an object outside the table's ``data/`` (``..``,
+    absolute, a URI): refused before any request, as every reader and every
+    maintenance tool refuses to follow it."""
+    unsafe = unsafe_file_paths(ours.to_proto())
+    if unsafe:
+        path, problem = unsafe[0]
+        raise InvalidCommitError(
+            uri,
+            f"the transaction names file {path!r} ({problem}): a data file's path must be "
+            "relative to the table's data/ folder and stay inside it"
+            + (f" ({len(unsafe) - 1} more such path(s))" if len(unsafe) > 1 else ""),
+        )
 
 
 def _validate(uri: str, ours: Transaction, current: Parent | None, options: CommitOptions) -> None:

@@ -69,6 +69,7 @@ __all__ = [
     "fragment_from_pylance",
     "fragment_to_json",
     "fragment_to_pylance",
+    "unsafe_file_paths",
 ]
 
 #: ``DataFragment.overlays`` in Lance's table.proto (absent from ours).
@@ -508,3 +509,31 @@ def fragment_to_pylance(f: table_pb2.DataFragment) -> FragmentMetadata:
 
     result: FragmentMetadata = FragmentMetadata.from_json(json.dumps(fragment_to_json(f)))
     return result
+
+
+def unsafe_file_paths(message: Message) -> list[tuple[str, str]]:
+    """``(path, why)`` of every data file and external file named anywhere in
+    ``message`` (a Transaction, a Manifest, a DataFragment …) whose path could
+    name an object outside the table's folders (see
+    :func:`lancetx.commit.format.naming.unsafe_relative_path`). Nothing a
+    manifest names may be read, committed or deleted through such a path."""
+    from lancetx.commit.format.naming import unsafe_relative_path
+
+    out: list[tuple[str, str]] = []
+
+    def walk(msg: Message) -> None:
+        if isinstance(msg, (table_pb2.DataFile, table_pb2.ExternalFile)):
+            problem = unsafe_relative_path(msg.path)
+            if problem is not None:
+                out.append((msg.path, problem))
+            return
+        for field_descriptor, value in msg.ListFields():
+            if field_descriptor.message_type is None:
+                continue
+            if field_descriptor.message_type.GetOptions().map_entry:
+                continue
+            for item in value if field_descriptor.is_repeated else [value]:
+                walk(item)
+
+    walk(message)
+    return out

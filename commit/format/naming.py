@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import re
+import urllib.parse
 import uuid as uuidlib
 from dataclasses import dataclass
 
@@ -133,3 +134,38 @@ def deletion_file_key(
     """Object key of a deletion file: ``_deletions/{fragment}-{read_version}-{id}.arrow|.bin``."""
     ext = "bin" if bitmap else "arrow"
     return join(base, DELETIONS_DIR, f"{fragment_id}-{read_version}-{file_id}.{ext}")
+
+
+def unsafe_relative_path(path: str) -> str | None:
+    """Why ``path`` — a file name a manifest or transaction gives relative to a folder
+    of the table (a data file's, relative to ``data/``) — could name an object
+    outside that folder, or None when it cannot.
+
+    Refused: an empty path, an absolute one, a URI, a backslash or NUL, and an
+    empty, ``.`` or ``..`` segment (also percent-encoded: a store that decodes or
+    normalizes keys would turn ``a/%2e%2e/b`` into a walk up the tree).
+    """
+    if not path:
+        return "it is empty"
+    if path.startswith("/"):
+        return "it is absolute"
+    if "://" in path or ":" in path.split("/", 1)[0]:
+        return "it is a URI"
+    if "\\" in path or "\x00" in path:
+        return "it holds a backslash or NUL"
+    for segment in path.split("/"):
+        decoded = urllib.parse.unquote(segment)
+        if decoded in ("", ".", "..") or "/" in decoded or "\\" in decoded:
+            return f"it has a segment {segment!r}"
+    return None
+
+
+def unsafe_transaction_file_name(name: str) -> str | None:
+    """Why ``name`` (a manifest's ``transaction_file``) is not a file name inside
+    ``_transactions/``, or None when it is one."""
+    problem = unsafe_relative_path(name)
+    if problem is not None:
+        return problem
+    if "/" in name:
+        return "it names a subfolder"
+    return None

@@ -163,15 +163,20 @@ class Snapshot:
         return schema
 
 
-def load_snapshot(store: ObjectStore, base: str, location: ManifestLocation) -> Snapshot:
-    """Read the manifest at ``location`` into a Snapshot.
+def load_snapshot(
+    store: ObjectStore,
+    base: str,
+    location: ManifestLocation,
+    loaded: ManifestFile | None = None,
+) -> Snapshot:
+    """Read the manifest at ``location`` (or take ``loaded``, read from there) into a Snapshot.
 
     Raises VersionNotFoundError if the manifest is absent, ManifestFormatError
     if it is invalid or describes a different version than its name says, and
     UnsupportedFeatureError for unknown reader features.
     """
     try:
-        manifest_file = read_manifest_at(store, location)
+        manifest_file = loaded if loaded is not None else read_manifest_at(store, location)
     except ObjectNotFoundError:
         raise VersionNotFoundError(
             store.uri(base), location.version, f"manifest {store.uri(location.key)} is missing"

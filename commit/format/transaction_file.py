@@ -70,8 +70,15 @@ def read_transaction_file(
     """Read ``_transactions/{file_name}`` under ``base``.
 
     Raises ObjectNotFoundError if it is absent and TransactionFileError if it
-    does not decode.
+    does not decode, or if ``file_name`` (a manifest's word) could name an object
+    outside ``_transactions/`` (``..``, a subfolder, absolute): nothing is read then.
     """
+    problem = naming.unsafe_transaction_file_name(file_name)
+    if problem is not None:
+        raise TransactionFileError(
+            store.uri(naming.join(base, naming.TRANSACTIONS_DIR)),
+            f"the manifest names transaction file {file_name!r} ({problem}); not read",
+        )
     key = naming.transaction_key(base, file_name)
     return decode_transaction(store.get(key), path=store.uri(key))
 

@@ -4,15 +4,25 @@ Lance's ``cleanup_old_versions`` rules, kept here:
 
 * the latest version is never removed, nor a tagged one (``_refs/tags/``);
 * a version is removed only if it is older than ``older_than`` (by its
-  manifest's timestamp) **and** not among the newest ``keep_versions``;
+  manifest's timestamp) **and** not among the newest ``keep_versions``, and
+  only below every version kept for those reasons: what is removed is always the
+  oldest untagged versions (clocks of writers differ, and a version kept
+  between removed ones would look like a missing one to every reader, see
+  :mod:`lancetx.commit.format.retention`). A version whose item still points at
+  a staged manifest stops it too (``repair`` finalizes it);
 * a file is deleted only if a removed version references it and no kept
   version does; index folders likewise;
 * versions committed while the cleanup runs are loaded again right before
   files are deleted, and whatever they reference is kept.
 
+Before anything is deleted, every check of :mod:`lancetx.ops.preflight` passes
+(no item or manifest pointing outside the table, no wedged version, every tag
+readable); a refused item is reported, never followed.
+
 Order, so that a crash leaves nothing a reader trips over: the removed
-versions' manifests first (readers stop seeing them), then their DynamoDB
-items (conditional on the path we saw), then their files.
+versions' manifests first, oldest first (readers stop seeing them, and at every
+moment the removed ones are the oldest, so readers tell them from missing ones),
+then their DynamoDB items (conditional on the path we saw), then their files.
 
 A removed version's DynamoDB item is a **fence**: a writer still holding an
 old parent claims the version after it, and only that item makes the claim
@@ -28,24 +38,21 @@ same rule.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.errors import LancetxError
-from lancetx.commit.format import naming
-from lancetx.ops.gc import _referenced_since, readable_manifest_keys
+from lancetx.commit.format.retention import read_tags
 from lancetx.ops.inventory import (
     LoadedVersion,
     Progress,
     index_prefixes,
-    list_versions_folder,
     no_progress,
-    read_manifests,
     referenced_keys,
 )
 from lancetx.ops.items import ItemChangedError, delete_item_if_path
+from lancetx.ops.preflight import check_table, referenced_since
 from lancetx.ops.table import OpsTable
 
 log = logging.getLogger(__name__)
@@ -73,15 +80,9 @@ class CleanupReport:
 
 
 def tagged_versions(table: OpsTable) -> set[int]:
-    """Versions named by ``_refs/tags/*.json``."""
-    out: set[int] = set()
-    for meta in table.store.list(naming.join(table.base, "_refs", "tags") + "/"):
-        try:
-            out.add(int(json.loads(table.store.get(meta.key))["version"]))
-        except (LancetxError, ValueError, KeyError, TypeError):
-            log.error("cannot read tag %s; cleanup stops rather than guess", meta.key)
-            raise
-    return out
+    """Versions named by ``_refs/tags/*.json`` (TagFileError for one that names none:
+    cleanup stops rather than guess)."""
+    return {tag.version for tag in read_tags(table.store, table.base)}
 
 
 def _timestamp(lv: LoadedVersion) -> datetime:
@@ -101,31 +102,29 @@ def cleanup_versions(
 ) -> CleanupReport:
     """Remove old versions of ``table``; see the module docstring."""
     started = now or datetime.now(UTC)
-    entries = table.list_entries()
-    listing = list_versions_folder(table, progress)
-    keys = readable_manifest_keys(table, entries, listing)
-    loaded, failed = read_manifests(table, sorted(keys.items()), progress)
-    if failed:
-        from lancetx.ops.gc import WedgedTableError
-
-        raise WedgedTableError(table.uri, sorted(failed), table.command("verify"))
+    checked = check_table(table, progress)
+    entries, listing, keys, loaded = checked.entries, checked.listing, checked.keys, checked.loaded
     if not loaded:
         return CleanupReport(table.uri, dry_run, None)
     latest = loaded[-1].version
-    tags = tagged_versions(table)
+    tags = checked.tagged
+    staged = {e.version for e in entries if e.is_staged}
     newest_kept = {lv.version for lv in loaded[-keep_versions:]} if keep_versions else set()
     select = keep_versions is not None or older_than is not None
     removed: list[LoadedVersion] = []
     kept: list[LoadedVersion] = []
+    keeping = not select  # once an untagged version is kept, every later one is
     for lv in loaded:
-        remove = (
-            select
-            and lv.version != latest
-            and lv.version not in tags
-            and lv.version not in newest_kept
-            and (older_than is None or _timestamp(lv) < started - older_than)
+        if lv.version in tags:
+            kept.append(lv)
+            continue
+        keeping = keeping or (
+            lv.version == latest
+            or lv.version in staged
+            or lv.version in newest_kept
+            or (older_than is not None and _timestamp(lv) >= started - older_than)
         )
-        (removed if remove else kept).append(lv)
+        (kept if keeping else removed).append(lv)
 
     keep_refs: set[str] = set()
     keep_indices: set[str] = set()
@@ -138,19 +137,27 @@ def cleanup_versions(
         drop |= referenced_keys(table.base, lv.manifest) - keep_refs
         drop_indices |= index_prefixes(table.base, lv.manifest) - keep_indices
     # Items may go only for versions older than the fence age: their timestamps are
-    # the removed manifests' (for versions removed earlier, the oldest removed now or
-    # kept, which is younger: conservative).
+    # the removed manifests' (for versions removed earlier, that of the next untagged
+    # version that still has a manifest, which is younger: conservative).
     fence_cutoff = started - items_older_than
     removed_at = {lv.version: _timestamp(lv) for lv in removed}
-    oldest_known = min([_timestamp(lv) for lv in loaded])
-    oldest_manifest = loaded[0].version
+    untagged = [lv for lv in loaded if lv.version not in tags] or loaded[-1:]
+
+    def removed_before(version: int) -> datetime:
+        return min(_timestamp(lv) for lv in untagged if lv.version > version)
+
+    horizon = checked.horizon if checked.horizon is not None else latest
     candidates = [
         e
         for e in entries
-        if e.version in removed_at or (e.version not in keys and e.version < oldest_manifest)
+        if e.version in removed_at
+        or (e.version not in keys and e.version < horizon and e.version not in tags)
     ]
     removable_items = [
-        e for e in candidates if removed_at.get(e.version, oldest_known) < fence_cutoff
+        e
+        for e in candidates
+        if (removed_at[e.version] if e.version in removed_at else removed_before(e.version))
+        < fence_cutoff
     ]
     fenced = sorted(e.version for e in candidates if e not in removable_items)
 
@@ -158,9 +165,9 @@ def cleanup_versions(
     errors: list[str] = []
     items_deleted: list[int] = []
     if not dry_run:
-        for lv in removed:
+        for lv in removed:  # oldest first, one at a time: see the module docstring
             final = listing.finals.get(lv.version)
-            for key in {lv.key, final.key if final is not None else lv.key}:
+            for key in sorted({lv.key, final.key if final is not None else lv.key}):
                 table.store.delete(key)
         for entry in removable_items:
             try:
@@ -172,7 +179,7 @@ def cleanup_versions(
             except LancetxError as exc:
                 errors.append(f"item of version {entry.version}: {exc}")
         # Versions committed meanwhile keep what they reference.
-        since_refs, _ = _referenced_since(table, latest, progress)
+        since_refs, _ = referenced_since(table, latest, progress)
         files = [k for k in files if k not in since_refs]
         for prefix in sorted(drop_indices):
             files.extend(m.key for m in table.store.list(prefix))

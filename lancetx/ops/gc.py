@@ -7,57 +7,101 @@ Candidates, all older than the threshold:
 * data and deletion files no committed version references (failed Spark tasks,
   uncommitted ``write_fragments``).
 
-Safety against concurrent writers: the scan starts at ``T0``. Nothing younger
-than ``T0 - older_than`` is a candidate, so a writer that wrote its files
-within that window and commits later keeps them. Right before deleting, the
-versions committed since the scan began are loaded and whatever they reference
-is dropped from the candidates: nothing a version after the scan start
-references is deleted. The threshold must exceed how long a writer may take
-between writing a file and committing it (its retry budget); the default is 7 days.
+Safety against concurrent writers. A writer stays in its commit loop for up to
+its budget (:data:`COMMIT_BUDGET`, the commit loop's ``RetryPolicy.max_elapsed``)
+and writes its transaction file before it claims; a file it wrote may be
+referenced by the version it claims until then. So:
 
-A table with a wedged version is refused: the wedged version's candidate
-transaction files are exactly what gc would delete.
+* the threshold must be at least :data:`MINIMUM_OLDER_THAN` (the budget plus
+  :data:`SAFETY_MARGIN`: the last attempt may start just before the budget ends
+  and takes its own time, an object is dated by the start of its upload, clocks
+  differ): a lower one is refused (:class:`UnsafeThresholdError`) unless forced;
+* whatever it is told, gc never deletes an object younger than the budget, and
+  treats a transaction file younger than the minimum as a commit in flight: it,
+  every file it names and every staged manifest younger than the minimum stay
+  (only files no transaction names, such as a failed task's, go sooner when forced);
+* versions committed since the scan began are loaded right before deleting and
+  whatever they reference is kept.
+
+Ages are measured against the store's clock, not ours: an object's LastModified
+is the store's time. The scan asks the store for its time (the ``Date`` header of
+a one-key listing) and takes the earlier of that and the local clock, so a skew
+in either direction can only make objects look younger. Without a ``Date`` header
+the local clock is used and the margin is what covers a skew.
+
+A table with a wedged version, an item or a manifest pointing outside the table,
+or an unreadable tag is refused before anything is deleted (see
+:mod:`lancetx.ops.preflight`).
 """
 
 from __future__ import annotations
 
+import email.utils
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from lancetx.commit.errors import LancetxError
+from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.errors import LancetxError, ObjectNotFoundError, TransactionFileError
+from lancetx.commit.format.listing import versions_prefix
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.storage.objectstore import ObjectMeta
-from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
     PARALLELISM,
     Progress,
-    VersionsListing,
-    committed_manifest_keys,
     list_prefixes,
-    list_versions_folder,
     no_progress,
-    read_manifests,
     referenced_keys,
     transaction_keys,
 )
-from lancetx.ops.table import OpsTable
+from lancetx.ops.preflight import (
+    UntrustedReferenceError,
+    WedgedTableError,
+    check_table,
+    readable_manifest_keys,
+    referenced_since,
+)
+from lancetx.ops.table import OpsTable, s3_client_of
 
 log = logging.getLogger(__name__)
 
 #: Folders gc lists (``_versions/`` separately).
 GC_FOLDERS = ("data", "_deletions", "_transactions")
 
+#: How long a writer may stay in its commit loop: the default ``RetryPolicy.max_elapsed``.
+#: A writer given a longer ``commit_timeout`` needs a longer ``--older-than``.
+COMMIT_BUDGET = timedelta(seconds=RetryPolicy().max_elapsed or 300.0)
+#: Added to the budget for the smallest threshold gc accepts without being forced.
+SAFETY_MARGIN = timedelta(minutes=5)
+#: The smallest ``older_than`` gc accepts without ``force_unsafe_threshold``.
+MINIMUM_OLDER_THAN = COMMIT_BUDGET + SAFETY_MARGIN
 
-class WedgedTableError(LancetxError):
-    """gc/cleanup refuse to run on a table with versions that need repair first."""
 
-    def __init__(self, uri: str, versions: list[int], command: str) -> None:
-        self.versions = versions
+def format_age(age: timedelta) -> str:
+    """``600s`` → ``10m``: the largest unit that divides it (as ``--older-than`` takes it)."""
+    seconds = int(age.total_seconds())
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{age.total_seconds():g}s"
+
+
+class UnsafeThresholdError(LancetxError, ValueError):
+    """gc was asked for a threshold below :data:`MINIMUM_OLDER_THAN` without being forced."""
+
+    def __init__(self, older_than: timedelta) -> None:
+        self.older_than = older_than
+        self.minimum = MINIMUM_OLDER_THAN
         super().__init__(
-            f"{uri!r} has version(s) {versions} that cannot be read (wedged or missing "
-            f"manifest); their repair may need files this would delete. Run {command} first"
+            f"--older-than {format_age(older_than)} is below the minimum of "
+            f"{format_age(MINIMUM_OLDER_THAN)} (the commit budget {format_age(COMMIT_BUDGET)} "
+            f"plus a {format_age(SAFETY_MARGIN)} margin): a writer can stay in its commit loop "
+            "that long, and gc would delete files its commit is about to reference. Use "
+            f"--older-than {format_age(MINIMUM_OLDER_THAN)} or more, or, when no writer can be "
+            "committing, --force-unsafe-threshold (files younger than "
+            f"{format_age(COMMIT_BUDGET)}, and those a transaction file younger than "
+            f"{format_age(MINIMUM_OLDER_THAN)} names, are kept regardless)"
         )
 
 
@@ -73,6 +117,10 @@ class Garbage:
 
 @dataclass(frozen=True)
 class GcReport:
+    """What gc found (and deleted). ``scan_started`` is the reference time ages
+    were measured against (``clock`` says whose: "store" or "local");
+    ``clock_skew_seconds`` is the local clock minus the store's, when known."""
+
     uri: str
     dry_run: bool
     older_than_seconds: float
@@ -85,6 +133,10 @@ class GcReport:
     bytes_deleted: int = 0
     kept_referenced_since_scan: int = 0
     errors: list[str] = field(default_factory=list)
+    minimum_older_than_seconds: float = MINIMUM_OLDER_THAN.total_seconds()
+    never_younger_than_seconds: float = COMMIT_BUDGET.total_seconds()
+    clock: str = "local"
+    clock_skew_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -96,6 +148,33 @@ def _older(meta: ObjectMeta, cutoff: datetime) -> bool:
     return meta.last_modified is not None and meta.last_modified < cutoff
 
 
+def store_clock(table: OpsTable) -> tuple[datetime, str, float | None]:
+    """The reference time for ages: the earlier of the local clock and the store's
+    (the ``Date`` header of a one-key listing of ``_versions/``), whose clock it is,
+    and the local clock minus the store's (None when the store sent no date)."""
+    local = datetime.now(UTC)
+    client = s3_client_of(table)
+    bucket = table.bucket or getattr(table.store, "bucket", None)
+    if client is None or bucket is None:
+        return local, "local", None  # a local table: its files are dated by this clock
+    try:
+        response = client.list_objects_v2(
+            Bucket=bucket, Prefix=versions_prefix(table.base), MaxKeys=1
+        )
+        raw = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        remote = email.utils.parsedate_to_datetime(raw) if raw else None
+    except Exception as exc:  # the listing that follows reports a real failure
+        log.warning("could not read the store's clock (%s); ages use the local clock", exc)
+        return local, "local", None
+    if remote is None or remote.tzinfo is None:
+        log.warning("the store sent no usable Date header; ages use the local clock")
+        return local, "local", None
+    skew = (local - remote).total_seconds()
+    if remote < local:
+        return remote, "store", skew
+    return local, "local", skew
+
+
 def collect_garbage(
     table: OpsTable,
     *,
@@ -103,29 +182,38 @@ def collect_garbage(
     dry_run: bool = True,
     progress: Progress = no_progress,
     now: datetime | None = None,
+    force_unsafe_threshold: bool = False,
 ) -> GcReport:
-    """Find (and unless ``dry_run``, delete) garbage; see the module docstring."""
-    started = now or datetime.now(UTC)
-    cutoff = started - older_than
-    entries = table.list_entries()
-    listing = list_versions_folder(table, progress)
-    keys = readable_manifest_keys(table, entries, listing)
-    loaded, failed = read_manifests(table, sorted(keys.items()), progress)
-    if failed:
-        raise WedgedTableError(table.uri, sorted(failed), table.command("verify"))
+    """Find (and unless ``dry_run``, delete) garbage; see the module docstring.
+
+    ``now`` replaces the reference time read from the store (tests). Raises
+    UnsafeThresholdError for ``older_than`` below :data:`MINIMUM_OLDER_THAN` unless
+    ``force_unsafe_threshold``; WedgedTableError / UntrustedReferenceError /
+    TagFileError for a table it must not touch (nothing is deleted then)."""
+    if older_than < MINIMUM_OLDER_THAN and not force_unsafe_threshold:
+        raise UnsafeThresholdError(older_than)
+    if now is not None:
+        started, clock, skew = now, "given", None
+    else:
+        started, clock, skew = store_clock(table)
+    cutoff = started - max(older_than, COMMIT_BUDGET)
+    in_flight_cutoff = started - max(older_than, MINIMUM_OLDER_THAN)
+    checked = check_table(table, progress)
     referenced: set[str] = set()
-    for lv in loaded:
+    for lv in checked.loaded:
         referenced |= referenced_keys(table.base, lv.manifest)
     listed = list_prefixes(table, GC_FOLDERS, progress)
-    pointed_at = {e.path for e in entries}
+    pointed_at = {e.path for e in checked.entries}
 
-    # Files named by transaction files too young to collect belong to writers that
-    # may still commit them (a writer writes its transaction file before claiming).
-    in_flight = _named_by_young_transactions(table, listed["_transactions"], cutoff, referenced)
+    # A transaction file young enough to belong to a commit in flight keeps itself
+    # and whatever it names (a writer writes it before claiming).
+    in_flight = _named_by_young_transactions(
+        table, listed["_transactions"], in_flight_cutoff, referenced
+    )
     referenced |= in_flight
     candidates: list[Garbage] = []
-    for staged in listing.staged:
-        if staged.key not in pointed_at and _older(staged.meta, cutoff):
+    for staged in checked.listing.staged:
+        if staged.key not in pointed_at and _older(staged.meta, in_flight_cutoff):
             candidates.append(_garbage(staged.meta, "staged_manifest"))
     kinds = {
         "data": "data_file",
@@ -133,14 +221,16 @@ def collect_garbage(
         "_transactions": "transaction_file",
     }
     for folder, metas in listed.items():
+        limit = in_flight_cutoff if folder == "_transactions" else cutoff
         for meta in metas:
-            if meta.key not in referenced and _older(meta, cutoff):
+            if meta.key not in referenced and _older(meta, limit):
                 candidates.append(_garbage(meta, kinds[folder]))
+    listing = checked.listing
     scanned = len(listing.finals) + len(listing.staged) + sum(len(m) for m in listed.values())
 
     # Versions committed since the scan began keep whatever they reference.
-    newest_seen = max(keys) if keys else 0
-    kept_since = _referenced_since(table, newest_seen, progress)
+    newest_seen = max(checked.keys) if checked.keys else 0
+    kept_since = referenced_since(table, newest_seen, progress)
     live = [c for c in candidates if c.key not in kept_since[0] and c.key not in kept_since[1]]
     report_kept = len(candidates) - len(live)
     reclaimable = sum(c.size for c in live)
@@ -170,7 +260,7 @@ def collect_garbage(
         dry_run=dry_run,
         older_than_seconds=older_than.total_seconds(),
         scan_started=started.isoformat(),
-        versions_referenced=len(loaded),
+        versions_referenced=len(checked.loaded),
         objects_scanned=scanned,
         candidates=live,
         bytes_reclaimable=reclaimable,
@@ -178,6 +268,8 @@ def collect_garbage(
         bytes_deleted=bytes_deleted,
         kept_referenced_since_scan=report_kept,
         errors=errors,
+        clock=clock,
+        clock_skew_seconds=skew,
     )
 
 
@@ -189,8 +281,9 @@ def _named_by_young_transactions(
     def read(meta: ObjectMeta) -> set[str]:
         try:
             txn = decode_transaction(table.store.get(meta.key), path=table.store.uri(meta.key))
-        except LancetxError:
-            return set()  # gone (a writer cleaned up) or not a transaction: names nothing
+        except (ObjectNotFoundError, TransactionFileError):
+            return set()  # gone (its writer cleaned up) or not a transaction: names nothing
+        # Any other failure propagates: what an unread transaction names is unknown.
         return transaction_keys(table.base, txn)
 
     named: set[str] = set()
@@ -203,49 +296,6 @@ def _named_by_young_transactions(
 def _garbage(meta: ObjectMeta, kind: str) -> Garbage:
     when = meta.last_modified.isoformat() if meta.last_modified is not None else None
     return Garbage(meta.key, kind, meta.size, when)
-
-
-def readable_manifest_keys(
-    table: OpsTable, entries: list[ManifestEntry], listing: VersionsListing
-) -> dict[int, str]:
-    """The manifest of every committed version that still has one. Versions below
-    the oldest manifest were removed by a cleanup (their items may remain); a
-    missing manifest above it means the table needs repair: refused."""
-    staged_keys = {s.key for s in listing.staged}
-    keys = {
-        v: k
-        for v, k in committed_manifest_keys(table, entries, listing).items()
-        if v in listing.finals or k in staged_keys
-    }
-    oldest = min(keys) if keys else None
-    broken = [
-        e.version
-        for e in entries
-        if e.version not in keys and (oldest is None or e.version > oldest)
-    ]
-    if broken:
-        raise WedgedTableError(
-            table.uri, broken, table.command("repair", "--version", str(broken[0]))
-        )
-    return keys
-
-
-def _referenced_since(
-    table: OpsTable, newest_seen: int, progress: Progress
-) -> tuple[set[str], set[str]]:
-    """Objects referenced by versions committed after ``newest_seen``, and the
-    staged manifests their items point at."""
-    if table.entries is not None:
-        newer = table.entries.list_entries(table.base, newest_seen)
-        keys = {e.version: e.path for e in newer}
-    else:
-        listing = list_versions_folder(table)
-        keys = {v: m.key for v, m in listing.finals.items() if v > newest_seen}
-    loaded, _failed = read_manifests(table, sorted(keys.items()), progress)
-    referenced: set[str] = set()
-    for lv in loaded:
-        referenced |= referenced_keys(table.base, lv.manifest)
-    return referenced, set(keys.values())
 
 
 def parse_age(text: str) -> timedelta:
@@ -261,4 +311,18 @@ def parse_age(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-__all__ = ["Garbage", "GcReport", "WedgedTableError", "collect_garbage", "parse_age"]
+__all__ = [
+    "COMMIT_BUDGET",
+    "MINIMUM_OLDER_THAN",
+    "SAFETY_MARGIN",
+    "Garbage",
+    "GcReport",
+    "UnsafeThresholdError",
+    "UntrustedReferenceError",
+    "WedgedTableError",
+    "collect_garbage",
+    "format_age",
+    "parse_age",
+    "readable_manifest_keys",
+    "store_clock",
+]

@@ -4,6 +4,14 @@ Shared by every operator command. Listing is paginated (the store lists
 lazily) and the table's folders are listed in parallel; manifests are read in
 parallel. A ``progress`` callback hears about every listed object and every
 read manifest, so a caller can draw a bar without knowing the details.
+
+Trust: a DynamoDB item's path and a manifest's file names come from whoever
+could write them. An item is followed only when the read path would follow it
+(:func:`untrusted_entries`: its path is a manifest of its version inside this
+table's ``_versions/``, and it was written for this bucket), and a file name only
+when it stays inside its folder of the table (:func:`unsafe_references`). The
+key helpers here never build a key from a refused name; the tools report what
+was refused and delete nothing while anything is.
 """
 
 from __future__ import annotations
@@ -18,11 +26,14 @@ from google.protobuf.message import Message
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format import naming
 from lancetx.commit.format.deletion import deletion_file_key
+from lancetx.commit.format.fragments import unsafe_file_paths
 from lancetx.commit.format.listing import versions_prefix
 from lancetx.commit.format.manifest import ManifestFile, read_manifest
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.errors import UntrustedManifestPathError
+from lancetx.externalstore.protocol import validate_entry
 from lancetx.ops.table import OpsTable
 from lancetx.protos import table_pb2
 
@@ -156,26 +167,67 @@ def _with_final(key: str) -> list[str]:
     return [key, f"{folder}/{staged.final_name}" if folder else staged.final_name]
 
 
+def untrusted_entries(table: OpsTable, entries: Sequence[ManifestEntry]) -> dict[int, str]:
+    """Items the read path would refuse to follow, by version, with why: a path that is
+    not a manifest of the item's version inside this table's ``_versions/``
+    (``UntrustedManifestPathError``), or an item written for another bucket's table
+    at the same path (Lance's key omits the bucket)."""
+    out: dict[int, str] = {}
+    ptable = table.protocol_table
+    for entry in entries:
+        if entry.bucket is not None and table.bucket is not None and entry.bucket != table.bucket:
+            out[entry.version] = (
+                f"the item of version {entry.version} was written for bucket {entry.bucket!r}, "
+                f"not {table.bucket!r} (another table at the same path shares the DynamoDB table)"
+            )
+            continue
+        try:
+            validate_entry(ptable, entry)
+        except UntrustedManifestPathError as exc:
+            out[entry.version] = str(exc)
+    return out
+
+
 def committed_manifest_keys(
     table: OpsTable, entries: Sequence[ManifestEntry], listing: VersionsListing
 ) -> dict[int, str]:
     """Where each committed version's manifest should be read from: the item's
-    path (staged or final) where there is an item, else the listed final manifest."""
+    path (staged or final) where there is a trusted item, else the listed final
+    manifest. An item :func:`untrusted_entries` refuses is never followed."""
     keys = {version: meta.key for version, meta in listing.finals.items()}
+    refused = untrusted_entries(table, entries)
     for entry in entries:
+        if entry.version in refused:
+            continue
         if entry.is_staged and entry.version in listing.finals:
             continue  # finalized copy exists: same bytes, and the staged one may vanish
         keys[entry.version] = entry.path
     return keys
 
 
+def unsafe_references(manifest: ManifestFile) -> list[tuple[str, str]]:
+    """``(name, why)`` of every file name in ``manifest`` that could name an object
+    outside its folder of the table: data files (``..``, absolute, a URI) and the
+    transaction file."""
+    out = unsafe_file_paths(manifest.manifest)
+    name = manifest.manifest.transaction_file
+    if name:
+        problem = naming.unsafe_transaction_file_name(name)
+        if problem is not None:
+            out.append((name, problem))
+    return out
+
+
 def data_file_keys(base: str, manifest: ManifestFile) -> dict[str, int | None]:
     """Data files of ``manifest`` in this table (files in another base are not ours),
-    with their recorded sizes where the manifest has them."""
+    with their recorded sizes where the manifest has them. A path that could leave
+    ``data/`` (see :func:`unsafe_references`) yields no key."""
     out: dict[str, int | None] = {}
     for fragment in manifest.manifest.fragments:
         for data_file in fragment.files:
             if data_file.HasField("base_id"):
+                continue
+            if naming.unsafe_relative_path(data_file.path) is not None:
                 continue
             size = data_file.file_size_bytes or None
             out[naming.join(base, naming.DATA_DIR, data_file.path)] = size
@@ -191,8 +243,12 @@ def deletion_keys(base: str, manifest: ManifestFile) -> set[str]:
 
 
 def transaction_key_of(base: str, manifest: ManifestFile) -> str | None:
+    """The key of ``manifest``'s transaction file (None without one, or for a name
+    that could leave ``_transactions/``)."""
     name = manifest.manifest.transaction_file
-    return naming.transaction_key(base, name) if name else None
+    if not name or naming.unsafe_transaction_file_name(name) is not None:
+        return None
+    return naming.transaction_key(base, name)
 
 
 def index_prefixes(base: str, manifest: ManifestFile) -> set[str]:
@@ -213,7 +269,9 @@ def transaction_keys(base: str, txn: Message) -> set[str]:
     out: set[str] = set()
     if isinstance(txn, table_pb2.DataFragment):
         for data_file in txn.files:
-            if not data_file.HasField("base_id"):
+            if data_file.HasField("base_id"):
+                continue
+            if naming.unsafe_relative_path(data_file.path) is None:
                 out.add(naming.join(base, naming.DATA_DIR, data_file.path))
         if txn.HasField("deletion_file") and not txn.deletion_file.HasField("base_id"):
             with contextlib.suppress(LancetxError):

@@ -10,11 +10,10 @@ from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.errors import UntrustedManifestPathError
 from lancetx.externalstore.moved import moved_record
 from lancetx.externalstore.protocol import final_key_of
 from lancetx.externalstore.store_schema import read_stamp
-from lancetx.ops.inventory import Progress, list_versions_folder, no_progress
+from lancetx.ops.inventory import Progress, list_versions_folder, no_progress, untrusted_entries
 from lancetx.ops.table import OpsTable
 
 
@@ -52,9 +51,15 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
     latest_entry = entries[-1] if entries else None
     latest: int | None
     manifest: ManifestFile | None = None
+    refused = untrusted_entries(table, entries)
+    if refused:
+        notes.append(
+            f"{len(refused)} item(s) point outside the table and were not followed "
+            f"(versions {_short(sorted(refused))}): " + table.command("verify") + " explains each"
+        )
     if latest_entry is not None:
         latest = latest_entry.version
-        manifest = _read_latest(table, latest_entry)
+        manifest = None if latest in refused else _read_latest(table, latest_entry)
         if manifest is None:
             notes.append(
                 f"the manifest of version {latest} cannot be read: "
@@ -108,12 +113,10 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
 
 
 def _read_latest(table: OpsTable, entry: ManifestEntry) -> ManifestFile | None:
+    """The manifest of a trusted ``entry`` (see :func:`untrusted_entries`)."""
     found = table.read_manifest_or_none(entry.path)
     if found is None and entry.is_staged:
-        try:
-            found = table.read_manifest_or_none(final_key_of(table.protocol_table, entry))
-        except UntrustedManifestPathError:  # verify reports it
-            return None
+        found = table.read_manifest_or_none(final_key_of(table.protocol_table, entry))
     return found
 
 

@@ -3,16 +3,30 @@
 Checked per item: its path is a manifest of its version inside ``_versions/``;
 the object it points at exists (or, for a staged item, that it can still be
 finalized); the recorded size matches; the manifest decodes and encodes the
-same version; its transaction file exists. Across items: versions are
-contiguous, and no final manifest is newer than the newest item (a commit that
-bypassed DynamoDB). ``deep`` also checks that every data and deletion file of
-the latest version (or of every version) exists, with the recorded size.
+same version; its transaction file exists; no file name in it could leave its
+folder of the table. Across items: versions are contiguous, every manifest
+between the first and the newest item has an item (a claim on a version without
+one would land), and no final manifest is newer than the newest item (a commit
+that bypassed DynamoDB). A path where nothing was ever committed is a finding
+too. ``deep`` also checks that every data and deletion file of the latest
+version (or of every version) exists, with the recorded size.
+
+Versions a cleanup removed are told from missing ones by the cleanup horizon
+(:mod:`lancetx.commit.format.retention`): below it, a version without a manifest
+(or without an item either) is informational; at or above it, a problem.
+
+Beside live writers a scan can catch a commit half-way (its item claimed after
+the Query, its manifest listed; a staged item finalized between the Query and
+the listing). So when a scan finds problems, the table is scanned again, and
+only problems found both times are reported (the second scan's view of them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lancetx.commit.errors import LancetxError
+from lancetx.commit.format.retention import cleanup_horizon, read_tags
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.errors import UntrustedManifestPathError
@@ -31,6 +45,7 @@ from lancetx.ops.inventory import (
     no_progress,
     read_manifests,
     transaction_key_of,
+    unsafe_references,
 )
 from lancetx.ops.table import OpsTable
 
@@ -67,14 +82,57 @@ def scan_table(
     all_versions: bool = False,
     progress: Progress = no_progress,
 ) -> TableScan:
-    """Check ``table``; see the module docstring."""
+    """Check ``table``; see the module docstring (problems are re-checked once)."""
+    first = _scan_once(table, deep=deep, all_versions=all_versions, progress=progress)
+    problems = {(f.kind, f.version) for f in first.findings if f.severity == ERROR}
+    if not problems:
+        return first
+    second = _scan_once(table, deep=deep, all_versions=all_versions, progress=progress)
+    second.findings = [
+        f for f in second.findings if f.severity != ERROR or (f.kind, f.version) in problems
+    ]
+    return second
+
+
+def _scan_once(
+    table: OpsTable,
+    *,
+    deep: bool,
+    all_versions: bool,
+    progress: Progress,
+) -> TableScan:
     entries = table.list_entries()
     listing = list_versions_folder(table, progress)
     findings: list[Finding] = []
     ptable = table.protocol_table
     by_version = {e.version: e for e in entries}
-    oldest_final = min(listing.finals) if listing.finals else None
     readable: list[ManifestEntry] = []
+    try:
+        tagged = {tag.version for tag in read_tags(table.store, table.base)}
+    except LancetxError as exc:
+        tagged = set()  # a lower horizon: fewer versions pass as removed
+        findings.append(
+            Finding(
+                "unreadable_tag",
+                f"{exc}; until it is fixed, cleanup refuses to run (it cannot tell which "
+                "version the tag keeps)",
+                "fix or delete the tag file (pylance: dataset.tags.delete(name))",
+            )
+        )
+    horizon = cleanup_horizon(listing.finals, tagged)
+
+    if not entries and not listing.finals and not listing.staged:
+        where = table.s3_uri or table.store.uri(table.base)
+        findings.append(
+            Finding(
+                "no_versions",
+                f"nothing was ever committed at {where}: no manifest"
+                + (f" and no item in DynamoDB table {table.ddb_table!r}" if table.entries else ""),
+                "check the bucket, the path and ddbTableName; a table is created by its first "
+                "write (lancetx.write_table, pylance's write_dataset)",
+            )
+        )
+        return TableScan(entries, listing, [], findings)
 
     if table.entries is not None and not entries and listing.finals:
         findings.append(
@@ -183,7 +241,7 @@ def scan_table(
                         final_key,
                     )
                 )
-            elif oldest_final is not None and version < oldest_final:
+            elif horizon is not None and version < horizon:
                 findings.append(
                     Finding(
                         "cleaned_up_version",
@@ -222,11 +280,26 @@ def scan_table(
             )
         readable.append(entry)
 
-    # Versions contiguous from the first item to the newest one.
+    # Versions contiguous from the first item to the newest one; below the cleanup
+    # horizon, versions a cleanup removed (items deleted after their fence age).
     if entries:
         first, last = entries[0].version, entries[-1].version
         for version in range(first, last + 1):
-            if version not in by_version and version not in listing.finals:
+            if version in by_version:
+                continue
+            if version in listing.finals:
+                findings.append(
+                    Finding(
+                        "missing_item",
+                        f"version {version} has a manifest but no DynamoDB item, between "
+                        f"versions {first} and {last} that have one: a writer holding version "
+                        f"{version - 1} would claim it and overwrite its manifest",
+                        table.command("onboard") + " (records it)",
+                        version,
+                        listing.finals[version].key,
+                    )
+                )
+            elif horizon is None or version >= horizon:
                 findings.append(
                     Finding(
                         "version_gap",
@@ -268,6 +341,18 @@ def scan_table(
     listed = list_prefixes(table, folders, progress)
     transactions = {m.key for m in listed["_transactions"]}
     for lv in loaded:
+        for name, why in unsafe_references(lv.manifest):
+            findings.append(
+                Finding(
+                    "untrusted_file_path",
+                    f"version {lv.version}'s manifest {lv.key!r} names file {name!r} ({why}); "
+                    "no tool follows it, and gc and cleanup refuse to run",
+                    "inspect the manifest: it was not written by Lance or lancetx for this "
+                    "table; restore it from bucket versioning or a backup",
+                    lv.version,
+                    lv.key,
+                )
+            )
         if lv.manifest.version != lv.version:
             findings.append(
                 Finding(

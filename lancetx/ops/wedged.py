@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.errors import LancetxError
+from lancetx.commit.format.fragments import unsafe_file_paths
 from lancetx.commit.format.manifest import ManifestFile, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.externalstore.wedged import find_candidates, parse_transaction_name
@@ -82,6 +83,12 @@ def _check(
     except LancetxError as exc:
         return Candidate(name, key, read_version, None, False, str(exc))
     operation = txn.WhichOneof("operation")
+    unsafe = unsafe_file_paths(txn)
+    if unsafe:
+        path, why = unsafe[0]
+        return Candidate(
+            name, key, read_version, operation, False, f"it names file {path!r} ({why})"
+        )
     if parent is None:
         return Candidate(
             name, key, read_version, operation, False, "the parent version is unreadable"

@@ -58,14 +58,15 @@ def test_gc_deletes_failed_task_files_orphans_and_failed_attempts_only(
     young = run_cli(aws, "gc", table.uri, "--older-than", "1h", "--json")
     assert young.code == 0 and young.json["candidates"] == []
 
-    dry = run_cli(aws, "gc", table.uri, "--older-than", "0s", "--json")
+    age_objects(bucket, sorted(set(table.objects())), timedelta(hours=2))
+    dry = run_cli(aws, "gc", table.uri, "--older-than", "1h", "--json")
     assert dry.code == 0 and dry.json["dry_run"] is True
     assert {c["key"] for c in dry.json["candidates"]} == planted
     sizes = {o["Key"]: o["Size"] for o in table.s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert dry.json["bytes_reclaimable"] == sum(sizes[k] for k in planted)
     assert set(table.objects()) == committed | planted
 
-    done = run_cli(aws, "gc", table.uri, "--older-than", "0s", "--delete", "--json")
+    done = run_cli(aws, "gc", table.uri, "--older-than", "1h", "--delete", "--json")
     assert done.code == 0 and done.json["deleted"] == len(planted)
     assert set(table.objects()) == committed
     report = verify_table(open_table(table.uri, table.options), deep=True, all_versions=True)

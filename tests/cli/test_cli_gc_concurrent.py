@@ -128,7 +128,7 @@ def test_gc_and_cleanup_racing_four_writers_delete_nothing_a_version_references(
     # What remains unreferenced now is only what the writers' failed attempts left.
     leftover = collect_garbage(
         open_table(table.uri, options),
-        older_than=timedelta(0),
-        now=datetime.now(UTC) + timedelta(seconds=1),
+        older_than=GC_AGE,
+        now=datetime.now(UTC) + 2 * GC_AGE,
     )
     assert not planted & {c.key for c in leftover.candidates}

@@ -23,9 +23,19 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--older-than",
                 help="Only objects older than this (7d, 12h, 30m, 45s). It must exceed how "
-                "long a writer may take between writing a file and committing it.",
+                "long a writer may take between writing a file and committing it; below 10m "
+                "(the commit budget plus a margin) it is refused.",
             ),
         ] = "7d",
+        force_unsafe_threshold: Annotated[
+            bool,
+            typer.Option(
+                "--force-unsafe-threshold",
+                help="Accept an --older-than below the minimum (only when no writer can be "
+                "committing). Files younger than the commit budget (5m), and those a "
+                "transaction file younger than 10m names, are kept regardless.",
+            ),
+        ] = False,
         delete: Annotated[
             bool, typer.Option("--delete", help="Delete (the default is a dry run).")
         ] = False,
@@ -49,20 +59,33 @@ def register(app: typer.Typer) -> None:
             stdout_console,
             table,
         )
-        from lancetx.ops.gc import collect_garbage, parse_age
+        from lancetx.ops.gc import (
+            COMMIT_BUDGET,
+            MINIMUM_OLDER_THAN,
+            UnsafeThresholdError,
+            collect_garbage,
+            format_age,
+            parse_age,
+        )
         from lancetx.ops.table import open_table
 
         options = parse_storage_options(storage_option)
         try:
             age = parse_age(older_than)
-        except ValueError as exc:
+            if age < MINIMUM_OLDER_THAN and not force_unsafe_threshold:
+                raise UnsafeThresholdError(age)
+        except ValueError as exc:  # UnsafeThresholdError too: a usage error, exit 2
             raise typer.BadParameter(str(exc), param_hint="--older-than") from None
         if delete and dry_run:
             fail("--delete and --dry-run exclude each other", as_json=json, command="gc")
         labels = {"list": "listing objects", "read": "reading manifests", "delete": "deleting"}
         with handled("gc", json), progress(json, labels) as bar:
             report = collect_garbage(
-                open_table(uri, options), older_than=age, dry_run=not delete, progress=bar
+                open_table(uri, options),
+                older_than=age,
+                dry_run=not delete,
+                progress=bar,
+                force_unsafe_threshold=force_unsafe_threshold,
             )
         if json:
             emit_json("gc", report)
@@ -80,6 +103,12 @@ def register(app: typer.Typer) -> None:
                 f"{len(report.candidates)} object(s), {report.bytes_reclaimable} bytes "
                 + ("reclaimable (dry run; add --delete)" if report.dry_run else "reclaimed")
             )
+            if age < MINIMUM_OLDER_THAN:
+                console.print(
+                    "kept regardless of --older-than: objects younger than "
+                    f"{format_age(COMMIT_BUDGET)}, and transaction files younger than "
+                    f"{format_age(MINIMUM_OLDER_THAN)} with the files they name"
+                )
             for error in report.errors:
                 console.print(f"[red]not deleted[/]: {error}")
         if not report.ok:

@@ -1,0 +1,160 @@
+"""What ``gc`` and ``cleanup`` check before they delete anything.
+
+Both load every committed version that still has a manifest, and both refuse to
+run — before a single request that changes anything — when the table is not in a
+state they can reason about:
+
+* an item the read path would refuse to follow (a path outside this table's
+  ``_versions/``, another version's name, another bucket's item): following it
+  would read or delete another table's objects (:class:`UntrustedReferenceError`);
+* a manifest naming a file that could lie outside its folder (``..``, an absolute
+  path, a URI) (:class:`UntrustedReferenceError`);
+* a tag file that does not say which version it keeps (TagFileError);
+* a committed version whose manifest cannot be read and that no cleanup removed
+  (wedged, missing): its repair may need the very files they would delete
+  (:class:`WedgedTableError`).
+
+Versions a cleanup removed (below the cleanup horizon, see
+:mod:`lancetx.commit.format.retention`) are expected to have no manifest, and
+their items, kept as fences, are not a problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lancetx.commit.errors import LancetxError
+from lancetx.commit.format.retention import cleanup_horizon, read_tags
+from lancetx.externalstore.base import ManifestEntry
+from lancetx.ops.inventory import (
+    LoadedVersion,
+    Progress,
+    VersionsListing,
+    committed_manifest_keys,
+    list_versions_folder,
+    no_progress,
+    read_manifests,
+    referenced_keys,
+    unsafe_references,
+    untrusted_entries,
+)
+from lancetx.ops.table import OpsTable
+
+__all__ = [
+    "CheckedTable",
+    "UntrustedReferenceError",
+    "WedgedTableError",
+    "check_table",
+    "readable_manifest_keys",
+    "referenced_since",
+]
+
+
+class WedgedTableError(LancetxError):
+    """gc/cleanup refuse to run on a table with versions that need repair first."""
+
+    def __init__(self, uri: str, versions: list[int], command: str) -> None:
+        self.versions = versions
+        super().__init__(
+            f"{uri!r} has version(s) {versions} that cannot be read (wedged or missing "
+            f"manifest); their repair may need files this would delete. Run {command} first"
+        )
+
+
+class UntrustedReferenceError(LancetxError):
+    """An item or a manifest points outside the table: gc/cleanup delete nothing."""
+
+    def __init__(self, uri: str, refused: list[str], command: str) -> None:
+        self.refused = refused
+        shown = "; ".join(refused[:3]) + (
+            f"; … ({len(refused) - 3} more)" if len(refused) > 3 else ""
+        )
+        super().__init__(
+            f"{uri!r}: refusing to follow {len(refused)} reference(s) that point outside the "
+            f"table ({shown}); nothing was deleted. {command} reports each with its fix"
+        )
+
+
+@dataclass
+class CheckedTable:
+    """A table that passed every check: its items, its ``_versions/`` listing, its
+    tagged versions, where each readable version's manifest is, and the manifests."""
+
+    entries: list[ManifestEntry]
+    listing: VersionsListing
+    tagged: set[int]
+    keys: dict[int, str]
+    loaded: list[LoadedVersion]
+    horizon: int | None
+
+
+def check_table(table: OpsTable, progress: Progress = no_progress) -> CheckedTable:
+    """Load ``table`` and run every check of the module docstring; raise on the first
+    that fails. Reads only."""
+    entries = table.list_entries()
+    listing = list_versions_folder(table, progress)
+    tagged = {tag.version for tag in read_tags(table.store, table.base)}
+    refused = untrusted_entries(table, entries)
+    if refused:
+        raise UntrustedReferenceError(
+            table.uri, [refused[v] for v in sorted(refused)], table.command("verify")
+        )
+    keys = readable_manifest_keys(table, entries, listing, tagged)
+    loaded, failed = read_manifests(table, sorted(keys.items()), progress)
+    if failed:
+        raise WedgedTableError(table.uri, sorted(failed), table.command("verify"))
+    unsafe = [
+        f"version {lv.version} names {name!r} ({why})"
+        for lv in loaded
+        for name, why in unsafe_references(lv.manifest)
+    ]
+    if unsafe:
+        raise UntrustedReferenceError(table.uri, unsafe, table.command("verify"))
+    return CheckedTable(
+        entries, listing, tagged, keys, loaded, cleanup_horizon(listing.finals, tagged)
+    )
+
+
+def readable_manifest_keys(
+    table: OpsTable, entries: list[ManifestEntry], listing: VersionsListing, tagged: set[int]
+) -> dict[int, str]:
+    """The manifest of every committed version that still has one. Versions below
+    the cleanup horizon were removed by a cleanup (their items may remain); a
+    version at or above it without a manifest needs repair: refused."""
+    staged_keys = {s.key for s in listing.staged}
+    keys = {
+        v: k
+        for v, k in committed_manifest_keys(table, entries, listing).items()
+        if v in listing.finals or k in staged_keys
+    }
+    horizon = cleanup_horizon(listing.finals, tagged)
+    broken = [
+        e.version
+        for e in entries
+        if e.version not in keys and (horizon is None or e.version >= horizon)
+    ]
+    if broken:
+        raise WedgedTableError(
+            table.uri, broken, table.command("repair", "--version", str(broken[0]))
+        )
+    return keys
+
+
+def referenced_since(
+    table: OpsTable, newest_seen: int, progress: Progress = no_progress
+) -> tuple[set[str], set[str]]:
+    """Objects referenced by versions committed after ``newest_seen``, and the
+    staged manifests their items point at (items the read path refuses are not
+    followed; names that could leave the table yield no key)."""
+    if table.entries is not None:
+        newer = table.entries.list_entries(table.base, newest_seen)
+        refused = untrusted_entries(table, newer)
+        keys = {e.version: e.path for e in newer if e.version not in refused}
+    else:
+        listing = list_versions_folder(table)
+        keys = {v: m.key for v, m in listing.finals.items() if v > newest_seen}
+    loaded, _failed = read_manifests(table, sorted(keys.items()), progress)
+    referenced: set[str] = set()
+    for lv in loaded:
+        referenced |= referenced_keys(table.base, lv.manifest)
+    return referenced, set(keys.values())

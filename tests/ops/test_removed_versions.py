@@ -1,0 +1,161 @@
+"""Versions a cleanup removed are removed, not missing: history, key look-ups, commits
+with keys, ``commit_fragments(key)``, Spark jobs with a job id, ``verify``, ``gc``,
+``cleanup`` and ``repair`` all go on — also with a version a pylance tag keeps."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+from cli_helpers import DdbTable, age_objects, run_cli
+from protocol_helpers import batch, ddb_uri, ensure_ddb_table
+
+import lancetx
+from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.ops.cleanup import cleanup_versions
+from lancetx.ops.gc import collect_garbage
+from lancetx.ops.table import open_table
+from lancetx.ops.verify import verify_table
+from pyspark_lancetx.commit import JobCommit, commit_job, last_commit, table_history
+from pyspark_lancetx.write_task import WritePlan, schema_to_ipc, write_task
+
+
+def _keyed_table(aws: EmbeddedAws, bucket: str, ddb_table: str, appends: int) -> DdbTable:
+    """Version 1 (create) and ``appends`` appends, append n with idempotency key ``k{n}``."""
+    options = aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table)
+    uri = ddb_uri(bucket, "t.lance", ddb_table)
+    table = lancetx.write_table(uri, batch("w", 0, 3), storage_options=options)
+    for n in range(1, appends + 1):
+        table.append(batch("w", n, 3), idempotency_key=f"k{n}")
+    return DdbTable(aws, bucket, ddb_table, "t.lance", uri, options)
+
+
+def _job(table: DdbTable, job_id: str) -> JobCommit:
+    schema = batch("spark", 0, 1).schema
+    plan = WritePlan(
+        uri=table.uri,
+        data_uri=f"s3://{table.bucket}/{table.path}",
+        storage_options=table.options,
+        schema_ipc=schema_to_ipc(schema),
+    )
+    return JobCommit(plan=plan, job_id=job_id, mode="append", timeout=60)
+
+
+def test_after_cleanup_every_reader_of_history_skips_the_removed_versions(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """The default cleanup keeps removed versions' items (fences) for 7 days: readers of
+    history used to follow them to the deleted manifests and fail."""
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=5)  # versions 1..6
+    report = cleanup_versions(open_table(table.uri, table.options), keep_versions=2)
+    assert report.removed_versions == [1, 2, 3, 4]
+    assert report.items_kept_as_fence == [1, 2, 3, 4]
+
+    opened = lancetx.open(table.uri, table.options)
+    assert [v.version for v in opened.history()] == [5, 6]
+    assert opened.find_idempotency_key("k5") == 6
+    assert opened.find_idempotency_key("k1") is None  # its version is gone
+    # A commit with a key looks the key up in history first.
+    assert opened.append(batch("w", 6, 3), idempotency_key="k6") == 7
+    assert opened.append(batch("w", 6, 3), idempotency_key="k6") == 7
+
+    fragments = lance.fragment.write_fragments(
+        batch("f", 0, 2), opened.data_uri, storage_options=table.options
+    )
+    first = lancetx.commit_fragments(
+        table.uri, fragments, schema=opened.schema, storage_options=table.options,
+        idempotency_key="frag-1",
+    )  # fmt: skip
+    again = lancetx.commit_fragments(
+        table.uri, fragments, schema=opened.schema, storage_options=table.options,
+        idempotency_key="frag-1",
+    )  # fmt: skip
+    assert (first.version, first.deduplicated) == (8, False)
+    assert (again.version, again.deduplicated) == (8, True)
+
+    job = _job(table, "job-1")
+    output = write_task(iter(batch("spark", 0, 4).to_batches()), job.plan)
+    committed = commit_job(job, [output])
+    assert (committed.version, committed.deduplicated) == (9, False)
+    assert commit_job(job, [output]).deduplicated
+    assert last_commit(table.uri, "job-1", table.options) == 9
+    assert [r.version for r in table_history(table.uri, table.options)] == [5, 6, 7, 8, 9]
+
+    report = verify_table(open_table(table.uri, table.options), deep=True, all_versions=True)
+    assert report.ok, report.findings
+    assert sorted(f.version for f in report.findings if f.kind == "cleaned_up_version") == [
+        1, 2, 3, 4,
+    ]  # fmt: skip
+
+
+def _tagged_table(aws: EmbeddedAws, bucket: str, ddb_table: str) -> DdbTable:
+    """Versions 1..6, version 2 tagged ``gold`` by pylance."""
+    options = aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table)
+    uri = ddb_uri(bucket, "t.lance", ddb_table)
+    table = lancetx.write_table(uri, batch("w", 0, 3), storage_options=options)
+    for n in range(1, 6):
+        table.append(batch("w", n, 3))
+    lance.dataset(uri, storage_options=options).tags.create("gold", 2)
+    return DdbTable(aws, bucket, ddb_table, "t.lance", uri, options)
+
+
+def test_a_tagged_version_is_kept_and_the_removed_ones_above_it_are_not_missing(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    table = _tagged_table(legacy_aws, bucket, ddb_table_name)
+    tag = table.s3.get_object(Bucket=bucket, Key=f"{table.path}/_refs/tags/gold.json")
+    assert b'"version": 2' in tag["Body"].read()  # pylance's tag file, as lancetx reads it
+
+    ops = open_table(table.uri, table.options)
+    done = cleanup_versions(ops, keep_versions=2)
+    assert done.removed_versions == [1, 3, 4] and done.tagged_versions == [2]
+
+    verified = run_cli(legacy_aws, "verify", table.uri, "--json")
+    assert verified.code == 0, verified.stdout
+    kinds = {(f["kind"], f["version"]) for f in verified.json["findings"]}
+    assert kinds == {("cleaned_up_version", v) for v in (1, 3, 4)}
+    repaired = run_cli(legacy_aws, "repair", table.uri, "--version", "3")
+    assert repaired.code == 0, repaired.stdout + repaired.stderr
+    assert collect_garbage(ops, older_than=timedelta(days=7)).ok
+    assert cleanup_versions(ops, keep_versions=2).removed_versions == []
+
+    opened = lancetx.open(table.uri, table.options)
+    assert [v.version for v in opened.history()] == [2, 5, 6]
+    assert lance.dataset(table.uri, version=2, storage_options=table.options).count_rows() == 6
+
+
+def test_once_the_fences_are_deleted_the_gap_below_the_oldest_kept_version_is_no_finding(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    table = _tagged_table(legacy_aws, bucket, ddb_table_name)
+    ops = open_table(table.uri, table.options)
+    report = cleanup_versions(ops, keep_versions=2, items_older_than=timedelta(0))
+    assert report.removed_versions == [1, 3, 4] and report.items_deleted == [1, 3, 4]
+    assert [int(i["version"]["N"]) for i in table.items()] == [2, 5, 6]
+
+    verified = verify_table(ops)
+    assert verified.ok, verified.findings
+    age_objects(bucket, table.objects(), timedelta(days=8))
+    assert collect_garbage(ops, older_than=timedelta(days=7)).ok
+    assert cleanup_versions(ops, keep_versions=2).removed_versions == []
+    opened = lancetx.open(table.uri, table.options)
+    assert [v.version for v in opened.history()] == [2, 5, 6]
+    assert opened.append(pa.table(batch("w", 9, 1))) == 7
+
+
+def test_versions_pylances_own_cleanup_removed_are_skipped_too(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """pylance's ``cleanup_old_versions`` deletes manifests and leaves the items."""
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=3)  # versions 1..4
+    ds = lance.dataset(table.uri, storage_options=table.options)
+    ds.cleanup_old_versions(older_than=timedelta(0))
+    assert [int(i["version"]["N"]) for i in table.items()] == [1, 2, 3, 4]
+    opened = lancetx.open(table.uri, table.options)
+    assert [v.version for v in opened.history()] == [4]
+    assert opened.find_idempotency_key("k3") == 4 and opened.find_idempotency_key("k1") is None
+    report = verify_table(open_table(table.uri, table.options))
+    assert report.ok, report.findings
