@@ -8,7 +8,9 @@ Profiles (environment variables):
 * ``LANCETX_HISTORIES=20000`` — the long profile (any count);
 * ``LANCETX_HISTORY_START=N`` — first seed (default 0);
 * ``LANCETX_HISTORY_SEEDS=5,17`` — replay exactly these seeds;
-* ``LANCETX_HISTORY_WORKERS`` / ``LANCETX_HISTORY_PARALLEL`` — pool size / histories at once.
+* ``LANCETX_HISTORY_WORKERS`` / ``LANCETX_HISTORY_PARALLEL`` — pool size / histories at once;
+* ``LANCETX_HISTORY_VERBOSE=1`` — print every actor's run (seconds, faults, errors, what
+  it reported) and the checker's view, for replaying a seed.
 
 A failing seed prints the command that replays it.
 """
@@ -89,7 +91,16 @@ def test_randomized_histories(
     workers = int(os.environ.get("LANCETX_HISTORY_WORKERS", "8"))
     parallel = int(os.environ.get("LANCETX_HISTORY_PARALLEL", str(max(1, (workers + 1) // 3))))
 
+    verbose = bool(os.environ.get("LANCETX_HISTORY_VERBOSE"))
+
     def progress(outcome: Outcome) -> None:
+        if verbose:
+            with capsys.disabled():
+                details = "\n  ".join(outcome.details)
+                print(
+                    f"\nseed {outcome.seed} ({outcome.seconds:.1f} s):\n  {details}",
+                    file=sys.stderr,
+                )
         if outcome.anomalies:
             with capsys.disabled():
                 print(
