@@ -114,7 +114,7 @@ FAULT_EFFECTS = EFFECTS[:5]
 #: seconds of CPU for its first pylance call; the other faults cost nothing);
 #: one in SIGINT_ONE_IN interrupts one.
 KILL_ONE_IN = 12
-SIGINT_ONE_IN = 10
+SIGINT_ONE_IN = 6
 #: pylance retries S3 and DynamoDB requests itself; these still reach it.
 PYLANCE_KINDS = ("claim", "flip", "copy", "stage", "data")
 READER_KINDS = ("query", "getitem", "copy", "flip")
@@ -234,11 +234,12 @@ def make_schedule(seed: int) -> Schedule:
         faults = _faults(rng, role)
         if i == victim:
             kinds = PYLANCE_KINDS if role == "pylance" else KINDS[:6]
-            faults = (*faults, Fault(rng.choice(kinds), 1, rng.choice(("kill", "kill-landed"))))
+            kill = rng.choice(("kill", "kill-landed"))
+            faults = (*faults, Fault(_kind(rng, kinds), 1, kill))
         if i == interrupted and i != victim:
             kinds = PYLANCE_KINDS if role == "pylance" else KINDS[:8]
             effect = rng.choice(("sigint", "sigint-landed"))
-            faults = (*faults, Fault(rng.choice(kinds), 1, effect))
+            faults = (*faults, Fault(_kind(rng, kinds), 1, effect))
         actor = Actor(f"w{i}", role, appends, faults, f"w{i}", keyed, aio, table)
         actors.append(actor)
         twin = rng.random() < 0.5
@@ -262,7 +263,8 @@ def make_schedule(seed: int) -> Schedule:
     if rng.random() < 0.15:
         steps: list[tuple[str, float]] = []
         for _ in range(rng.choice((1, 2, 2))):
-            steps.append(("sleep", rng.choice((0.0, 0.1, 0.3, 0.6))))
+            # writers commit from about half a second to a few seconds in
+            steps.append(("sleep", rng.choice((0.0, 0.3, 0.8, 1.5))))
             op = rng.choices(("tag", "cleanup", "gc"), weights=(2, 3, 2))[0]
             arg = {"tag": rng.random(), "cleanup": float(rng.choice((1, 2, 3))), "gc": 0.0}[op]
             steps.append((op, arg))
@@ -292,12 +294,17 @@ def _faults(rng: random.Random, role: str) -> tuple[Fault, ...]:
     count = rng.choice((1, 1, 1, 2))
     return tuple(
         Fault(
-            rng.choice(kinds),
+            _kind(rng, kinds),
             rng.choice((1, 1, 2)),
             rng.choices(FAULT_EFFECTS, weights=(4, 2, 2, 2, 3))[0],
         )
         for _ in range(count)
     )
+
+
+def _kind(rng: random.Random, kinds: tuple[str, ...]) -> str:
+    """A request kind; the claim, where a commit's outcome is decided, three times as often."""
+    return rng.choices(kinds, weights=[3 if k == "claim" else 1 for k in kinds])[0]
 
 
 # ------------------------------------------------------------------ the server side
