@@ -11,7 +11,8 @@ The tree::
     │   ├── ManifestFormatError
     │   ├── TransactionFileError
     │   ├── DeletionFileError
-    │   └── SchemaConversionError
+    │   ├── SchemaConversionError
+    │   └── ObjectTooLargeError      larger than the cap on its kind (manifest, transaction, tag)
     ├── UnsupportedFeatureError      a feature flag we do not implement
     ├── ObjectStoreError             an object-store request failed
     │   ├── ObjectNotFoundError
@@ -67,6 +68,33 @@ class DeletionFileError(FormatError):
     """A ``_deletions/*`` file is of the wrong type or does not decode."""
 
     kind = "deletion file"
+
+
+class ObjectTooLargeError(FormatError):
+    """An object read whole (a manifest, a transaction file, a tag) is larger than the
+    cap on its kind: refused before its body is read, so a hostile or stray object
+    at such a name cannot exhaust memory. ``size`` is what the store reported."""
+
+    def __init__(self, path: str, kind: str, size: int, cap: int, setting: str) -> None:
+        self.kind = kind
+        self.size = size
+        self.cap = cap
+        self.setting = setting
+        super().__init__(
+            path,
+            f"it is {size:,} bytes, more than the {cap:,}-byte limit on {kind}s; nothing of it "
+            f"was read. A real {kind} is far smaller: check what wrote this object, or raise "
+            f"the limit ({setting})",
+        )
+
+
+class ManifestTooLargeError(ObjectTooLargeError, ManifestFormatError):
+    """A manifest larger than ``lancetx_max_manifest_bytes``; also a ManifestFormatError."""
+
+
+class TransactionTooLargeError(ObjectTooLargeError, TransactionFileError):
+    """A transaction file larger than ``lancetx_max_transaction_bytes``; also a
+    TransactionFileError."""
 
 
 class SchemaConversionError(LancetxError):

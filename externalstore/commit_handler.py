@@ -41,6 +41,7 @@ from lancetx.commit.format.manifest import (
 )
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler, Turns
+from lancetx.commit.storage.limits import MANIFEST, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.errors import AccessDeniedError
@@ -420,7 +421,7 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
 
     async def _read(self, key: str) -> ManifestFile:
         path = self.store.uri(key)
-        manifest = decode_manifest(await self.store.get(key), path=path)
+        manifest = decode_manifest(await read_capped_async(self.store, key, MANIFEST), path=path)
         check_reader_flags(manifest.manifest, path)
         return manifest
 

@@ -47,7 +47,8 @@ class TableConnection:
     handler: CommitHandler
     base: str
     data_uri: str
-    storage_options: dict[str, str] = field(default_factory=dict)
+    #: Not in the repr: it holds credentials.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def _table_checks(entries: DynamoDBManifestStore, base: str) -> list[Callable[[], object]]:

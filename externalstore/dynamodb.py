@@ -50,6 +50,7 @@ from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.handlers.interface import Turns
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
+from lancetx.commit.storage.secrets import remember_secrets
 from lancetx.externalstore.base import (
     ExternalManifestStore,
     ManifestEntry,
@@ -178,6 +179,10 @@ class DynamoDBConfig:
     read_timeout: float = 10.0
     max_pool_connections: int = 32
     committer: str = DEFAULT_COMMITTER
+
+    def __post_init__(self) -> None:
+        # Messages and logs scrub what they were given (lancetx.commit.storage.secrets).
+        remember_secrets(self.secret_access_key, self.session_token)
 
     @classmethod
     def from_options(
@@ -1224,9 +1229,8 @@ class DynamoDBManifestStore(ExternalManifestStore):
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str
     ) -> None:
-        """All versions claimed in one TransactWriteItems, or none
-        (``dynamodb:TransactWriteItems`` must be allowed; it needs ``dynamodb:PutItem``
-        on the table as well)."""
+        """All versions claimed in one TransactWriteItems, or none (it has no IAM
+        action of its own: each Put needs ``dynamodb:PutItem`` on its item's key)."""
         self._write(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
 
     def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:

@@ -220,15 +220,35 @@ class TableSchemaError(ExternalStoreError):
         )
 
 
+#: API operations without an IAM action of their own: each part of a transaction is
+#: authorized as the item action it performs (a Put as dynamodb:PutItem, ...).
+_ITEM_BY_ITEM = {"TransactWriteItems": "dynamodb:PutItem"}
+
+
+def iam_action_of(operation: str) -> str:
+    """The IAM action that authorizes DynamoDB ``operation`` (``PutItem`` →
+    ``dynamodb:PutItem``; a ``TransactWriteItems`` of Puts → ``dynamodb:PutItem``)."""
+    return _ITEM_BY_ITEM.get(operation, f"dynamodb:{operation}")
+
+
 class AccessDeniedError(ExternalStoreError):
     """IAM denied the action, or the credentials were not accepted."""
 
-    def __init__(self, action: str, resource: str, code: str, detail: str) -> None:
+    def __init__(
+        self, action: str, resource: str, code: str, detail: str, operation: str | None = None
+    ) -> None:
         if code in _CREDENTIAL_CODES or code in ("NoCredentialsError", "PartialCredentialsError"):
             todo = (
                 "the credentials were not accepted or are missing: check aws_access_key_id_dynamodb / "
                 "aws_secret_access_key_dynamodb (or the S3 credentials they default to), the session "
                 "token's expiry, and that region and endpoint belong to the account"
+            )
+        elif operation in _ITEM_BY_ITEM:
+            todo = (
+                f"grant IAM action {action} on {resource} for the partition key of every item "
+                f"of the request (each table's base path, for a commit of several tables): a "
+                f"{operation} has no IAM action of its own, each of its parts is authorized "
+                "item by item (lancetx-sync iam-policy --role writer, for each table)"
             )
         else:
             todo = f"grant IAM action {action} on {resource} to the caller"
@@ -548,7 +568,7 @@ def translate_error(
         if code == "ResourceNotFoundException":
             return TableNotFoundError(action, resource, target)
         if code in ACCESS_CODES:
-            return AccessDeniedError(action, resource, code, detail)
+            return AccessDeniedError(iam_action_of(operation), resource, code, detail, operation)
         if code in THROTTLING_CODES:
             return ThrottledError(action, resource, code, attempts)
         if status >= 500:
@@ -557,7 +577,7 @@ def translate_error(
             return InvalidRequestError(action, resource, code, detail)
         return ExternalStoreError(action, resource, _describe(exc), code=code)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return AccessDeniedError(action, resource, code, str(exc))
+        return AccessDeniedError(iam_action_of(operation), resource, code, str(exc), operation)
     if isinstance(exc, BotocoreConnectionError) and never_connected(exc):
         return EndpointUnreachableError(action, resource, target.endpoint, str(exc), attempts)
     if isinstance(exc, (HTTPClientError, BotocoreConnectionError)):

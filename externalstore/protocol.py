@@ -57,6 +57,7 @@ from lancetx.commit.format.naming import (
     staged_manifest_key,
 )
 from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
+from lancetx.commit.storage.limits import MANIFEST, read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
@@ -124,9 +125,12 @@ class CopyObject:
 
 @dataclass(frozen=True)
 class GetObject:
-    """Read a whole object (result: bytes)."""
+    """Read a whole object (result: bytes). With ``kind`` (see
+    :mod:`lancetx.commit.storage.limits`) an object over that kind's cap is refused
+    before its body is read (ObjectTooLargeError)."""
 
     key: str
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -519,7 +523,7 @@ def _ownership(
     if existing.path != final:
         return Ownership.THEIRS
     try:
-        data: bytes = yield GetObject(final)
+        data: bytes = yield GetObject(final, MANIFEST)
     except ObjectNotFoundError:
         return Ownership.THEIRS
     return Ownership.MINE if data == manifest else Ownership.THEIRS
@@ -905,7 +909,9 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
     handlers: dict[type, Callable[[Any], Any]] = {
         PutObject: lambda e: store.put(e.key, e.data),
         CopyObject: lambda e: store.copy(e.src, e.dst),
-        GetObject: lambda e: store.get(e.key),
+        GetObject: lambda e: (
+            store.get(e.key) if e.kind is None else read_capped(store, e.key, e.kind)
+        ),
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
         ListObjects: lambda e: _listing(store.list(e.prefix), e.until),
@@ -938,7 +944,9 @@ async def run_async(
     handlers: dict[type, Callable[[Any], Awaitable[Any]]] = {
         PutObject: lambda e: store.put(e.key, e.data),
         CopyObject: lambda e: store.copy(e.src, e.dst),
-        GetObject: lambda e: store.get(e.key),
+        GetObject: lambda e: (
+            store.get(e.key) if e.kind is None else read_capped_async(store, e.key, e.kind)
+        ),
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
         ListObjects: lambda e: _listing_async(store, e),

@@ -41,6 +41,7 @@ from lancetx.commit.format.naming import (
     parse_manifest_name,
     parse_staged_name,
 )
+from lancetx.commit.storage.limits import MANIFEST
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
@@ -140,7 +141,7 @@ def _committed_transaction_uuids(table: Table, since: int, skip: int) -> Steps[s
         final = manifest_key(table.base_key, version, _scheme_of(keys[0]))
         for key in dict.fromkeys([*keys, final]):  # a staged entry may be finalized meanwhile
             try:
-                data: bytes = yield GetObject(key)
+                data: bytes = yield GetObject(key, MANIFEST)
             except ObjectNotFoundError:
                 continue
             uuids |= _transaction_uuids(data, key)

@@ -34,6 +34,7 @@ from lancetx.commit.engine.committer import (
 )
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
+from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.committing import (
@@ -85,6 +86,7 @@ async def open_async_handler(state: TableState) -> AsyncIterator[AsyncCommitHand
             parsed.table_name, DynamoDBConfig.from_options(options)
         ) as entries,
     ):
+        store.read_limits = ReadLimits.from_options(options)
         yield AsyncExternalStoreCommitHandler(store, entries)
 
 

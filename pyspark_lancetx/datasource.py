@@ -266,7 +266,8 @@ class ScanPlan:
     """A read pinned to one version (plain data)."""
 
     uri: str
-    storage_options: dict[str, str]
+    #: Not in the repr: it holds credentials.
+    storage_options: dict[str, str] = field(repr=False)
     version: int
     columns: tuple[str, ...]
     filters: tuple[str, ...] = ()

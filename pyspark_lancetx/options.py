@@ -113,7 +113,8 @@ class WriteOptions:
     """Parsed write options (see the module docstring)."""
 
     uri: str
-    storage_options: dict[str, str] = field(default_factory=dict)
+    #: Not in the repr (plans and messages carry these objects): it holds credentials.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     commit_message: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
     job_id: str = ""
@@ -170,7 +171,8 @@ class ReadOptions:
     """Parsed read options (see the module docstring)."""
 
     uri: str
-    storage_options: dict[str, str] = field(default_factory=dict)
+    #: Not in the repr (plans and messages carry these objects): it holds credentials.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     version: int | None = None
     timestamp: str | None = None
     columns: tuple[str, ...] | None = None

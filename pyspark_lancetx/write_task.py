@@ -37,7 +37,8 @@ class WritePlan:
 
     uri: str
     data_uri: str
-    storage_options: dict[str, str]
+    #: Not in the repr: it holds credentials.
+    storage_options: dict[str, str] = field(repr=False)
     schema_ipc: bytes
     max_rows_per_file: int | None = None
     max_rows_per_group: int | None = None

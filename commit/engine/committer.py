@@ -120,6 +120,7 @@ from lancetx.commit.handlers.interface import (
     Turns,
     VersionAlreadyExistsError,
 )
+from lancetx.commit.storage.limits import TRANSACTION
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -1071,7 +1072,7 @@ def _load_one(
     pb: transaction_pb2.Transaction | None = manifest.transaction
     if pb is None and manifest.manifest.transaction_file:
         key = transaction_key(base, manifest.manifest.transaction_file)
-        raw: bytes = yield GetObject(key)
+        raw: bytes = yield GetObject(key, TRANSACTION)
         pb = decode_transaction(raw, path=names.uri(key))
     if pb is None:
         raise InvalidCommitError(

@@ -27,6 +27,7 @@ from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.storage.limits import read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
 if TYPE_CHECKING:
@@ -41,9 +42,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class GetObject:
-    """A whole object (result: bytes; ObjectNotFoundError)."""
+    """A whole object (result: bytes; ObjectNotFoundError). With ``kind`` (a kind of
+    :mod:`lancetx.commit.storage.limits`: a manifest, a transaction file) an object
+    over that kind's cap is refused before its body is read (ObjectTooLargeError)."""
 
     key: str
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,8 +283,8 @@ def run_store(steps: Steps[T], store: ObjectStore) -> T:
 def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None) -> T:
     def perform(effect: Effect) -> Any:
         match effect:
-            case GetObject(key):
-                return store.get(key)
+            case GetObject(key, kind):
+                return store.get(key) if kind is None else read_capped(store, key, kind)
             case GetRange(key, start, end):
                 return store.get_range(key, start, end)
             case GetTail(key, length):
@@ -364,7 +368,9 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
     """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
     store = handler.store
     performers: dict[type, Callable[[Any], Awaitable[Any]]] = {
-        GetObject: lambda e: store.get(e.key),
+        GetObject: lambda e: (
+            store.get(e.key) if e.kind is None else read_capped_async(store, e.key, e.kind)
+        ),
         GetRange: lambda e: store.get_range(e.key, e.start, e.end),
         GetTail: lambda e: store.get_tail(e.key, e.length),
         PutObject: lambda e: store.put(e.key, e.data),
@@ -417,6 +423,7 @@ class _BlockingStore(ObjectStore):
         self.inner = inner
         self.loop = loop
         self.capabilities = inner.capabilities
+        self.read_limits = inner.read_limits
 
     def _wait(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

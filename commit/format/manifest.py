@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from lancetx.commit.errors import ManifestFormatError, ObjectNotFoundError, UnsupportedFeatureError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.storage.limits import MANIFEST, limits_of, too_large
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2, transaction_pb2
 
@@ -328,10 +329,16 @@ def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> M
     or up to ``size`` when the caller knows the file's size (an external-store
     entry records it); otherwise a larger file takes one more ``get_range`` for
     the part before the tail. Raises ObjectNotFoundError, ManifestFormatError
-    or UnsupportedFeatureError (path = ``store.uri(key)``).
+    (ManifestTooLargeError for a file over the store's manifest cap, refused before
+    more than the cap is read: see :mod:`lancetx.commit.storage.limits`) or
+    UnsupportedFeatureError (path = ``store.uri(key)``).
     """
     path = store.uri(key)
-    buf, total = store.get_tail(key, max(PREFETCH_SIZE, size or 0))
+    cap = limits_of(store).manifest
+    # ``size`` comes from an external-store item: a hint, never a reason to buffer more.
+    buf, total = store.get_tail(key, min(max(PREFETCH_SIZE, size or 0), cap))
+    if total > cap:
+        raise too_large(path, MANIFEST, total, cap)
     decoded = decode_manifest_tail(buf, total, path=path)
     if decoded is None:
         # Everything before the manifest is its sections (and, in legacy files,

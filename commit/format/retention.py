@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from lancetx.commit.errors import FormatError, LancetxError
 from lancetx.commit.format import naming
 from lancetx.commit.format.listing import iter_manifest_locations
+from lancetx.commit.storage.limits import TAG, read_capped
 from lancetx.commit.storage.objectstore import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def tags_prefix(base: str) -> str:
 def read_tags(store: ObjectStore, base: str) -> list[Tag]:
     """Every tag of the table at ``base`` (one LIST, one GET per tag).
 
-    Raises TagFileError for a tag file that is not JSON naming a version."""
+    Raises TagFileError for a tag file that is not JSON naming a version, and
+    ObjectTooLargeError (before reading it) for one over the tag cap."""
     prefix = tags_prefix(base)
     tags: list[Tag] = []
     for meta in store.list(prefix):
@@ -81,7 +83,8 @@ def read_tags(store: ObjectStore, base: str) -> list[Tag]:
             continue
         uri = store.uri(meta.key)
         try:
-            document = json.loads(store.get(meta.key))
+            # Capped (lancetx_max_tag_bytes): a tag is a few dozen bytes of JSON.
+            document = json.loads(read_capped(store, meta.key, TAG))
         except ValueError as exc:
             raise TagFileError(uri, f"not JSON ({exc})") from None
         version = document.get("version") if isinstance(document, dict) else None

@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from lancetx.commit.errors import TransactionFileError
 from lancetx.commit.format import naming
 from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import transaction_pb2
 
@@ -70,8 +71,10 @@ def read_transaction_file(
     """Read ``_transactions/{file_name}`` under ``base``.
 
     Raises ObjectNotFoundError if it is absent and TransactionFileError if it
-    does not decode, or if ``file_name`` (a manifest's word) could name an object
-    outside ``_transactions/`` (``..``, a subfolder, absolute): nothing is read then.
+    does not decode (TransactionTooLargeError, before reading it, if it is over the
+    store's cap on transaction files), or if ``file_name`` (a manifest's word) could
+    name an object outside ``_transactions/`` (``..``, a subfolder, absolute): nothing
+    is read then.
     """
     problem = naming.unsafe_transaction_file_name(file_name)
     if problem is not None:
@@ -80,7 +83,7 @@ def read_transaction_file(
             f"the manifest names transaction file {file_name!r} ({problem}); not read",
         )
     key = naming.transaction_key(base, file_name)
-    return decode_transaction(store.get(key), path=store.uri(key))
+    return decode_transaction(read_capped(store, key, TRANSACTION), path=store.uri(key))
 
 
 def read_transaction_of(

@@ -110,9 +110,10 @@ class ConditionalPutCommitHandler(CommitHandler):
     ) -> ManifestLocation:
         uri = self.store.uri(base)
         try:
-            stored = self.store.get(key)
+            # At most len(manifest) bytes: a larger object is another writer's anyway.
+            tail, total = self.store.get_tail(key, len(manifest))
         except ObjectNotFoundError:
-            stored = None
+            tail, total = b"", None
         except LancetxError as exc:
             raise CommitStateUnknownError(
                 uri,
@@ -120,9 +121,9 @@ class ConditionalPutCommitHandler(CommitHandler):
                 None,
                 f"PUT {key!r} failed ({unclear}) and reading it back failed ({exc})",
             ) from exc
-        if stored == manifest:
+        if total == len(manifest) and tail == manifest:
             return ManifestLocation(version, key, scheme, size=len(manifest))
-        if stored is not None:
+        if total is not None:
             raise VersionAlreadyExistsError(
                 uri, version, winner=ManifestLocation(version, key, scheme)
             ) from unclear

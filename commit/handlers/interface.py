@@ -22,6 +22,7 @@ from lancetx.commit.format.manifest import (
     read_manifest_at,
 )
 from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.storage.limits import MANIFEST, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectStore
 
 if TYPE_CHECKING:
@@ -202,15 +203,16 @@ class AsyncCommitHandler(abc.ABC):
         del base, ticket, version
 
     async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
-        """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file)."""
+        """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file,
+        refused before its body is read when it is over the manifest cap)."""
         del base
         try:
-            data = await self.store.get(location.key)
+            data = await read_capped_async(self.store, location.key, MANIFEST)
             key = location.key
         except ObjectNotFoundError:
             if location.alternate_key is None:
                 raise
-            data = await self.store.get(location.alternate_key)
+            data = await read_capped_async(self.store, location.alternate_key, MANIFEST)
             key = location.alternate_key
         manifest = decode_manifest(data, path=self.store.uri(key))
         check_reader_flags(manifest.manifest, self.store.uri(key))

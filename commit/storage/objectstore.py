@@ -18,6 +18,10 @@ import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lancetx.commit.storage.limits import ReadLimits
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class ObjectStore(abc.ABC):
     """Byte storage addressed by key. Implementations must be thread-safe."""
 
     capabilities: StoreCapabilities
+    #: Caps on objects read whole (:mod:`lancetx.commit.storage.limits`); None: the
+    #: environment's or the defaults.
+    read_limits: ReadLimits | None = None
 
     @abc.abstractmethod
     def uri(self, key: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,6 +38,7 @@ from lancetx.commit.errors import (
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
+from lancetx.commit.storage.secrets import is_secret_option, remember_secrets
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
@@ -109,8 +110,9 @@ class S3Config:
     endpoint_url: str | None = None
     region: str | None = None
     access_key_id: str | None = None
-    secret_access_key: str | None = None
-    session_token: str | None = None
+    #: Never in the repr (nor in any message): see :mod:`lancetx.commit.storage.secrets`.
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     profile: str | None = None
     #: Total attempts per request, first one included (botocore's default is 3).
     max_attempts: int | None = None
@@ -127,6 +129,7 @@ class S3Config:
     response_checksum_validation: str | None = None
 
     def __post_init__(self) -> None:
+        remember_secrets(self.secret_access_key, self.session_token)
         if self.region is not None and not is_region_name(self.region):
             raise StorageOptionError(f"aws_region={self.region!r} is {NOT_A_REGION}")
         if (self.access_key_id is None) != (self.secret_access_key is None):
@@ -170,6 +173,14 @@ class S3Config:
         def pick(field_name: str, aliases: tuple[str, ...]) -> str | None:
             found = {alias: lowered[alias] for alias in aliases if alias in lowered}
             if len(set(found.values())) > 1:
+                if is_secret_option(field_name):
+                    remember_secrets(*found.values())
+                    raise StorageOptionError(
+                        f"conflicting storage options for the S3 {field_name}: "
+                        + " and ".join(found)
+                        + " are given with different values (not shown: they are secrets); "
+                        "give one of them"
+                    )
                 raise StorageOptionError(
                     f"conflicting storage options for the S3 {field_name}: "
                     + ", ".join(f"{k}={v!r}" for k, v in found.items())
@@ -550,6 +561,38 @@ def tail_of_response(
     return body, parsed[1]
 
 
+#: Chunk size when a body is streamed rather than read at once.
+STREAM_CHUNK: Final = 1 << 20
+
+
+def ignored_range(response: Mapping[str, Any], length: int) -> bool:
+    """Whether a ``Range: bytes=-N`` answer is the whole object, larger than ``length``
+    (a server that ignores ranges): its body must be streamed, not read at once."""
+    if parse_content_range(response.get("ContentRange")) is not None:
+        return False
+    declared = response.get("ContentLength")
+    return isinstance(declared, int) and declared > length
+
+
+class TailBuffer:
+    """The last ``length`` bytes of a stream fed chunk by chunk, and its total size:
+    never more than ``length`` plus one chunk in memory."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.total = 0
+        self._tail = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self._tail += chunk
+        if len(self._tail) > self.length:
+            del self._tail[: len(self._tail) - self.length]
+
+    def result(self) -> tuple[bytes, int]:
+        return bytes(self._tail), self.total
+
+
 def range_of_response(body: bytes, content_range: str | None, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` from a ranged GET, also when the server ignored the range."""
     if parse_content_range(content_range) is None:
@@ -735,7 +778,8 @@ class S3ObjectStore(ObjectStore):
 
     def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
         """The last ``length`` bytes and the total size in one ``Range: bytes=-N``
-        GET. (A zero-length object, which S3 answers with 416, needs a HEAD
+        GET; never more than ``length`` bytes (and a chunk) buffered, also from a server
+        that ignores the range. (A zero-length object, which S3 answers with 416, needs a HEAD
         when the 416 lacks ``Content-Range``.)"""
         check_key(key)
         if length < 0:
@@ -746,6 +790,11 @@ class S3ObjectStore(ObjectStore):
             response = self._client.get_object(
                 Bucket=self.bucket, Key=key, Range=f"bytes=-{length}"
             )
+            if ignored_range(response, length):
+                tail = TailBuffer(length)
+                for chunk in iter(lambda: response["Body"].read(STREAM_CHUNK), b""):
+                    tail.feed(chunk)
+                return tail.result()
             body = response["Body"].read()
         except Exception as exc:
             total = invalid_range_total(exc)
@@ -791,10 +840,11 @@ class S3ObjectStore(ObjectStore):
         except Exception as exc:
             if is_ambiguous_conflict(exc):
                 try:
-                    stored = self.get(key)
+                    # At most len(data) bytes: a larger object is not ours anyway.
+                    tail, total = self.get_tail(key, len(data))
                 except ObjectNotFoundError:
-                    stored = None
-                if stored == data:
+                    tail, total = b"", -1
+                if total == len(data) and tail == data:
                     return self.head(key)
             raise self._error(exc, "PutObject", key) from exc
         return ObjectMeta(key=key, size=len(data), etag=response.get("ETag"))

@@ -23,12 +23,16 @@ try:
 except ImportError as exc:  # the sync API never imports this module
     raise MissingExtraError("the asyncio S3 object store", "async", exc.name) from exc
 
+from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.objectstore import ObjectMeta, StoreCapabilities
 from lancetx.commit.storage.s3store import (
     DEFAULT_PAGE_SIZE,
+    STREAM_CHUNK,
     S3Config,
+    TailBuffer,
     check_key,
     check_range,
+    ignored_range,
     invalid_range_total,
     is_ambiguous_conflict,
     legacy_put_if_not_exists_error,
@@ -50,6 +54,8 @@ class AsyncObjectStore(abc.ABC):
     """:class:`~lancetx.commit.storage.objectstore.ObjectStore` as coroutines; ``list`` returns a list."""
 
     capabilities: StoreCapabilities
+    #: See :attr:`ObjectStore.read_limits <lancetx.commit.storage.objectstore.ObjectStore.read_limits>`.
+    read_limits: ReadLimits | None = None
 
     @abc.abstractmethod
     def uri(self, key: str) -> str:
@@ -257,6 +263,13 @@ class AsyncS3ObjectStore(AsyncObjectStore):
             response = await client.get_object(
                 Bucket=self.bucket, Key=key, Range=f"bytes=-{length}"
             )
+            if ignored_range(response, length):
+                # The whole object came back: keep its tail, never all of it.
+                tail = TailBuffer(length)
+                async with response["Body"] as stream:
+                    while chunk := await stream.read(STREAM_CHUNK):
+                        tail.feed(chunk)
+                return tail.result()
             body = await self._read(response)
         except Exception as exc:
             total = invalid_range_total(exc)
@@ -299,10 +312,11 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         except Exception as exc:
             if is_ambiguous_conflict(exc):
                 try:
-                    stored: bytes | None = await self.get(key)
+                    # At most len(data) bytes: a larger object is not ours anyway.
+                    tail, total = await self.get_tail(key, len(data))
                 except ObjectNotFoundError:
-                    stored = None
-                if stored == data:
+                    tail, total = b"", -1
+                if total == len(data) and tail == data:
                     return await self.head(key)
             raise self._error(exc, "PutObject", key) from exc
         return ObjectMeta(key=key, size=len(data), etag=response.get("ETag"))

@@ -8,6 +8,7 @@ from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from lancetx.commit.errors import InvalidUriError
+from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore, parse_bool_option
@@ -45,9 +46,18 @@ def open_object_store(
     option ``lancetx_legacy_s3=true``) declares the S3 bucket legacy, and the
     option ``lancetx_consistent_list=false`` declares its listings possibly
     stale. Both are ignored for local paths, which always support atomic
-    create-if-absent.
+    create-if-absent. ``lancetx_max_manifest_bytes``, ``lancetx_max_transaction_bytes``
+    and ``lancetx_max_tag_bytes`` cap the objects read whole
+    (:mod:`lancetx.commit.storage.limits`).
     """
     opts: Mapping[str, str] = options or {}
+    store, base = _open(uri, opts, legacy)
+    # Caps on manifests, transaction files and tags read whole (lancetx_max_*_bytes).
+    store.read_limits = ReadLimits.from_options(opts)
+    return store, base
+
+
+def _open(uri: str, opts: Mapping[str, str], legacy: bool | None) -> tuple[ObjectStore, str]:
     if "://" not in uri:
         if not uri:
             raise InvalidUriError(uri, "empty table URI")

@@ -48,6 +48,11 @@ for module in (
 
 def main() -> None:
     """Console-script entry point."""
+    from lancetx.commit.storage.secrets import install_log_redaction
+
     level = os.environ.get("LANCETX_LOG_LEVEL", "WARNING").upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # At DEBUG botocore prints each request, session token included: every record
+    # passes the redaction first (secrets from options, config and environment).
+    install_log_redaction()
     app()

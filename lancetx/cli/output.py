@@ -88,7 +88,9 @@ def handled(command: str, as_json: bool) -> Iterator[None]:
     try:
         yield
     except LancetxError as exc:
-        fail(str(exc), as_json=as_json, command=command, kind=type(exc).__name__)
+        from lancetx.commit.storage.secrets import redact_text
+
+        fail(redact_text(str(exc)), as_json=as_json, command=command, kind=type(exc).__name__)
 
 
 ProgressFn = Callable[[str, int], None]

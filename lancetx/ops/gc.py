@@ -43,9 +43,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.engine.retry import RetryPolicy
-from lancetx.commit.errors import LancetxError, ObjectNotFoundError, TransactionFileError
+from lancetx.commit.errors import (
+    LancetxError,
+    ObjectNotFoundError,
+    TransactionFileError,
+    TransactionTooLargeError,
+)
 from lancetx.commit.format.listing import versions_prefix
 from lancetx.commit.format.transaction_file import decode_transaction
+from lancetx.commit.handlers.probe import PROBE_DIR
+from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.ops.inventory import (
     PARALLELISM,
@@ -66,8 +73,10 @@ from lancetx.ops.table import OpsTable, s3_client_of
 
 log = logging.getLogger(__name__)
 
-#: Folders gc lists (``_versions/`` separately).
-GC_FOLDERS = ("data", "_deletions", "_transactions")
+#: Folders gc lists (``_versions/`` separately). ``_lancetx_probe/`` holds only probe
+#: objects (doctor's, the conditional-PUT probe's) that could not be deleted: nothing
+#: references them.
+GC_FOLDERS = ("data", "_deletions", "_transactions", PROBE_DIR)
 
 #: How long a writer may stay in its commit loop: the default ``RetryPolicy.max_elapsed``.
 #: A writer given a longer ``commit_timeout`` needs a longer ``--older-than``.
@@ -219,6 +228,7 @@ def collect_garbage(
         "data": "data_file",
         "_deletions": "deletion_file",
         "_transactions": "transaction_file",
+        PROBE_DIR: "probe_object",
     }
     for folder, metas in listed.items():
         limit = in_flight_cutoff if folder == "_transactions" else cutoff
@@ -280,7 +290,11 @@ def _named_by_young_transactions(
 
     def read(meta: ObjectMeta) -> set[str]:
         try:
-            txn = decode_transaction(table.store.get(meta.key), path=table.store.uri(meta.key))
+            txn = decode_transaction(
+                read_capped(table.store, meta.key, TRANSACTION), path=table.store.uri(meta.key)
+            )
+        except TransactionTooLargeError:
+            raise  # over the cap is unread, not "not a transaction": what it names is unknown
         except (ObjectNotFoundError, TransactionFileError):
             return set()  # gone (its writer cleaned up) or not a transaction: names nothing
         # Any other failure propagates: what an unread transaction names is unknown.

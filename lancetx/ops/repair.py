@@ -23,6 +23,7 @@ from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, encode_manifest, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
+from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.protocol import final_key_of, finalize_steps
 from lancetx.ops.findings import ERROR, Finding
@@ -220,7 +221,9 @@ def _repair_wedged(
             False,
         )
     parent = _parent(table, scan, version)
-    txn = decode_transaction(table.store.get(chosen.key), path=table.store.uri(chosen.key))
+    txn = decode_transaction(
+        read_capped(table.store, chosen.key, TRANSACTION), path=table.store.uri(chosen.key)
+    )
     built = build_manifest(
         parent.manifest,
         parent.indices or [],

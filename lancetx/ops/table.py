@@ -45,7 +45,8 @@ class OpsTable:
     store: ObjectStore
     base: str
     entries: DynamoDBManifestStore | None
-    options: dict[str, str] = field(default_factory=dict)
+    #: Not in the repr: it holds credentials.
+    options: dict[str, str] = field(default_factory=dict, repr=False)
     bucket: str | None = None
     ddb_table: str | None = None
     s3_uri: str | None = None

@@ -18,6 +18,7 @@ from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import unsafe_file_paths
 from lancetx.commit.format.manifest import ManifestFile, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
+from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.externalstore.wedged import find_candidates, parse_transaction_name
 from lancetx.ops.table import OpsTable
 
@@ -79,7 +80,9 @@ def _check(
     version: int,
 ) -> Candidate:
     try:
-        txn = decode_transaction(table.store.get(key), path=table.store.uri(key))
+        txn = decode_transaction(
+            read_capped(table.store, key, TRANSACTION), path=table.store.uri(key)
+        )
     except LancetxError as exc:
         return Candidate(name, key, read_version, None, False, str(exc))
     operation = txn.WhichOneof("operation")

@@ -4,6 +4,7 @@ store layout stamp."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import boto3
 import pytest
@@ -196,11 +197,13 @@ def test_doctor_finds_another_buckets_table_sharing_the_path_and_dynamodb_table(
 def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
     aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
+    """Which actions each role gets (the request-level proof, each role's workloads
+    under its enforced policy, is tests/cli/test_iam_policies.py)."""
     uri = f"s3+ddb://{bucket}/db/t.lance?ddbTableName={ddb_table_name}"
     out = run_cli(
         aws, "iam-policy", uri, "--account", "123456789012", "--region", "eu-west-1", "--json"
     )
-    assert out.code == 0
+    assert out.code == 0, out.stderr
 
     def actions(policy: dict) -> set[str]:  # type: ignore[type-arg]
         return {a for s in policy["Statement"] for a in s["Action"]}
@@ -210,24 +213,39 @@ def test_iam_policy_grants_every_action_lancetx_uses_and_no_more(
         "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "s3:GetObject", "s3:PutObject",
         "s3:DeleteObject", "s3:ListBucket",
     }  # fmt: skip
-    assert doctor_probes <= actions(out.json["cli"])
+    assert doctor_probes <= actions(out.json["operator"])
     assert "dynamodb:UpdateItem" in actions(out.json["writer"])  # the commit queue
     for role in ("writer", "reader"):  # a connection's checks, in one read
         assert "dynamodb:BatchGetItem" in actions(out.json[role]), role
     assert "dynamodb:UpdateItem" not in actions(out.json["reader"])
     assert "dynamodb:DeleteItem" not in actions(out.json["writer"])
-    assert "dynamodb:CreateTable" not in actions(out.json["writer"])
-    assert "s3:PutObject" in actions(out.json["reader"])  # readers finalize staged versions...
+    assert "s3:DeleteObject" not in actions(out.json["reader"])  # readers delete nothing
+    for role in ("writer", "reader", "operator", "doctor"):
+        assert "dynamodb:CreateTable" not in actions(out.json[role]), role
+    assert "dynamodb:CreateTable" in actions(out.json["admin"])
     (finalize,) = [s for s in out.json["reader"]["Statement"] if s["Sid"] == "FinalizeManifests"]
+    assert finalize["Action"] == ["s3:PutObject"]  # readers finalize staged versions...
     assert finalize["Resource"] == [
-        f"arn:aws:s3:::{bucket}/db/t.lance/_versions/*"
-    ]  # ...only there
+        f"arn:aws:s3:::{bucket}/db/t.lance/_versions/*.manifest"
+    ]  # ...only at final manifest names
     resources = {r for s in out.json["writer"]["Statement"] for r in s["Resource"]}
     assert resources == {
         f"arn:aws:s3:::{bucket}/db/t.lance/*",
         f"arn:aws:s3:::{bucket}",
         f"arn:aws:dynamodb:eu-west-1:123456789012:table/{ddb_table_name}",
     }
+    legacy = run_cli(
+        aws,
+        "iam-policy",
+        uri,
+        "--role",
+        "cli",
+        "--account",
+        "123456789012",
+        "--region",
+        "eu-west-1",
+    )  # the old name of the operator role
+    assert legacy.code == 0 and json.loads(legacy.stdout) == out.json["operator"]
 
 
 def test_migrate_to_conditional_put_refuses_a_legacy_store_then_moves_the_table(

@@ -489,4 +489,4 @@ def test_read_transaction_of_prefers_inline(
         size=decoded.size,
     )
     assert read_transaction_of(store, "t", without_inline) == decoded.transaction
-    assert store.calls == ["get"]
+    assert store.calls == ["get_tail"]  # one request, capped (lancetx_max_transaction_bytes)

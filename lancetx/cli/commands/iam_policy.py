@@ -14,37 +14,84 @@ def register(app: typer.Typer) -> None:
         "iam-policy",
         epilog=example(
             f"lancetx-sync iam-policy {TABLE} --role writer --account 123456789012 --region eu-west-1",
-            f"lancetx-sync iam-policy {TABLE} --json",
+            f"lancetx-sync iam-policy {TABLE} --account 123456789012 --region eu-west-1 --json",
+            f"lancetx-sync iam-policy {TABLE} --role reader --any-account "
+            "--kms-key arn:aws:kms:eu-west-1:123456789012:key/KEY-ID",
         ),
     )
     def iam_policy(
         uri: UriArg,
         role: Annotated[
             str | None,
-            typer.Option("--role", help="writer, reader or cli (default: all three, as JSON)."),
+            typer.Option(
+                "--role",
+                help="writer, reader, operator (lancetx-sync), doctor or admin (create-table); "
+                "default: all, as one JSON document. 'cli' is an old name of operator.",
+            ),
         ] = None,
-        account: Annotated[str, typer.Option("--account", help="AWS account id.")] = "*",
-        region: Annotated[str, typer.Option("--region", help="DynamoDB region.")] = "*",
+        account: Annotated[
+            str | None, typer.Option("--account", help="AWS account id owning the DynamoDB table.")
+        ] = None,
+        region: Annotated[
+            str | None, typer.Option("--region", help="The DynamoDB table's region.")
+        ] = None,
+        any_account: Annotated[
+            bool,
+            typer.Option(
+                "--any-account",
+                help="Allow the DynamoDB table of this name in every account (and, without "
+                "--region, every region) instead of one.",
+            ),
+        ] = False,
+        kms_key: Annotated[
+            str | None,
+            typer.Option(
+                "--kms-key",
+                help="ARN of the KMS key encrypting the bucket (SSE-KMS): kms:Decrypt for "
+                "reading roles, kms:GenerateDataKey for writing ones.",
+            ),
+        ] = None,
         storage_option: StorageOptions = None,
         json: JsonOutput = False,
     ) -> None:
-        """Print least-privilege IAM policy JSON for the table's writers, readers and
-        this CLI. Makes no request."""
+        """Print least-privilege IAM policy JSON per role: each role's objects under the
+        table's prefix and its own DynamoDB partition keys (dynamodb:LeadingKeys), the
+        shared layout stamp read-only. Makes no request."""
         import json as jsonlib
         import sys
 
         from lancetx.cli.output import emit_json, handled, parse_storage_options
-        from lancetx.ops.iam_policy import iam_policies
+        from lancetx.ops.iam_policy import OPERATOR, ROLES, iam_policies
         from lancetx.ops.table import open_table
 
-        if role not in (None, "writer", "reader", "cli"):
-            raise typer.BadParameter("expected writer, reader or cli", param_hint="--role")
+        chosen = OPERATOR if role == "cli" else role
+        if chosen is not None and chosen not in ROLES:
+            raise typer.BadParameter(f"expected one of {', '.join(ROLES)}", param_hint="--role")
+        if not any_account and (account is None or region is None):
+            raise typer.BadParameter(
+                "give --account and --region of the DynamoDB table (or --any-account)",
+                param_hint="--account/--region",
+            )
         options = parse_storage_options(storage_option)
         with handled("iam-policy", json):
             policies = iam_policies(
-                open_table(uri, options, validate=False), region=region, account=account
+                open_table(uri, options, validate=False),
+                account=account,
+                region=region,
+                any_account=any_account,
+                kms_key=kms_key,
+                roles=ROLES if chosen is None else (chosen,),
             )
-        if role is not None:
-            sys.stdout.write(jsonlib.dumps(getattr(policies, role), indent=2) + "\n")
+        if chosen is not None and not json:
+            sys.stdout.write(jsonlib.dumps(policies.policies[chosen], indent=2) + "\n")
         else:
-            emit_json("iam-policy", policies)
+            emit_json(
+                "iam-policy",
+                {
+                    "uri": policies.uri,
+                    "account": policies.account,
+                    "region": policies.region,
+                    "kms_key": policies.kms_key,
+                    **policies.policies,
+                },
+            )
