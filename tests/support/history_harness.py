@@ -85,7 +85,7 @@ from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, Inte
 
 #: Writers, by the door they commit through, and how often a schedule draws each.
 WRITER_ROLES = ("lancetx", "async", "pylance", "table", "stream", "fragments", "spark", "many")
-WRITER_WEIGHTS = (3, 1, 2, 2, 3, 3, 2, 1)
+WRITER_WEIGHTS = (2, 1, 2, 2, 3, 2, 2, 1)
 ROLES = (*WRITER_ROLES, "reader", "poller", "maint")
 #: Doors that always carry a key (the Spark job id is one), and that may.
 ALWAYS_KEYED = ("fragments", "spark")
@@ -251,7 +251,7 @@ def make_schedule(seed: int) -> Schedule:
     tables = 2 if any(a.role == "many" for a in actors) else 1
     if tables == 1:
         actors = [dataclasses.replace(a, table=0) for a in actors]
-    if rng.random() < 0.25:
+    if rng.random() < 0.2:
         actors.append(
             Actor("r0", "reader", (), _faults(rng, "reader"), table=rng.randrange(tables))
         )
@@ -361,6 +361,8 @@ class _Running:
     pid: int | None = None
     seen: collections.Counter[str] = field(default_factory=collections.Counter)
     fired: list[str] = field(default_factory=list)
+    #: every request the actor made (what it cost the server)
+    requests: int = 0
 
 
 class FaultInjector:
@@ -369,26 +371,31 @@ class FaultInjector:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._actors: dict[str, _Running] = {}
+        #: requests of keys no actor holds (the harness, the checker)
+        self.unregistered = 0
 
     def register(self, key: str, faults: tuple[Fault, ...], pid: int | None) -> None:
         with self._lock:
             self._actors[key] = _Running(list(faults), pid)
 
-    def unregister(self, key: str) -> list[str]:
+    def unregister(self, key: str) -> tuple[list[str], int]:
+        """The faults that fired for ``key`` and how many requests it made."""
         with self._lock:
             running = self._actors.pop(key, None)
-        return running.fired if running else []
+        return (running.fired, running.requests) if running else ([], 0)
 
     def __call__(self, request: InterceptedRequest) -> InterceptedResponse | None:
         key = access_key(request)
         if key is None:
             return None
         kind = request_kind(request)
-        if kind is None:
-            return None
         with self._lock:
             running = self._actors.get(key)
             if running is None:
+                self.unregistered += 1
+                return None
+            running.requests += 1
+            if kind is None:
                 return None
             running.seen[kind] += 1
             nth = running.seen[kind]
@@ -576,6 +583,8 @@ class Outcome:
     seconds: float = 0.0
     #: CPU seconds of the worker processes, by actor kind (and "init", "check")
     cpu: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: requests to the server, by actor kind
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)
     #: each actor's run: seconds, faults fired, errors, what it reported (for replays)
     details: list[str] = field(default_factory=list)
 
@@ -583,7 +592,7 @@ class Outcome:
 #: Histories (consecutive seeds) that share one DynamoDB table. moto answers a Query by
 #: scanning every item of the table, not one partition key's: with one table for all
 #: histories every Query got slower as the run went on, which DynamoDB's do not.
-HISTORIES_PER_TABLE = 25
+HISTORIES_PER_TABLE = 10
 
 
 class HistoryTables:
@@ -669,6 +678,7 @@ class _Ran:
     actor: Actor
     result: dict[str, Any]
     fired: list[str]
+    requests: int = 0
 
 
 def run_history(world: World, pool: Pool, seed: int) -> Outcome:
@@ -714,15 +724,19 @@ def run_history(world: World, pool: Pool, seed: int) -> Outcome:
     for r in ran:
         _account(outcome, r)
 
+    checker = f"H{seed}XcheckX{os.getpid()}"
+    world.injector.register(checker, (), None)  # no faults: counted only
     checked = _call_one(
         pool,
         {
             "job": "check",
             "uris": uris,
-            "options": _options(world, "testing"),
+            "options": _options(world, checker),
             "verify": any(a.role == "maint" for a in schedule.actors),
+            "keys": any(a.keyed or a.role in ALWAYS_KEYED for a in schedule.actors),
         },
     )
+    outcome.requests["check"] += world.injector.unregister(checker)[1]
     outcome.cpu["check"] += checked.get("cpu", 0.0)
     outcome.details.append(f"check {checked.get('wall', 0.0):.1f} s: {checked}")
     _judge(outcome, checked, [(r.actor, r.result.get("events", [])) for r in ran])
@@ -761,7 +775,7 @@ def _run_actors(
         for actor, key, worker, result in zip(actors, keys, workers, results, strict=True):
             if result.get("dirty"):
                 worker.spent = True
-            ran.append(_Ran(actor, result, world.injector.unregister(key)))
+            ran.append(_Ran(actor, result, *world.injector.unregister(key)))
     finally:
         pool.release(workers)
     return ran
@@ -781,6 +795,7 @@ def _account(outcome: Outcome, r: _Ran) -> None:
         f"reported {result.get('events', [])}"
     )
     outcome.cpu[actor.kind] += result.get("cpu", 0.0)
+    outcome.requests[actor.kind] += r.requests
     if result.get("killed"):
         outcome.killed += 1
     if _was_interrupted(result):
@@ -1022,6 +1037,9 @@ class Summary:
     anomalies: list[tuple[int, str]] = field(default_factory=list)
     seconds: float = 0.0
     cpu: collections.Counter[str] = field(default_factory=collections.Counter)
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: requests of the harness itself (creating tables) and of the checker
+    other_requests: int = 0
     #: CPU seconds of this process (the embedded server and the harness)
     server_cpu: float = 0.0
     slowest: list[tuple[float, int, str]] = field(default_factory=list)
@@ -1042,6 +1060,7 @@ class Summary:
         self.two_tables += outcome.schedule.tables == 2
         self.anomalies += [(outcome.seed, a) for a in outcome.anomalies]
         self.cpu.update(outcome.cpu)
+        self.requests.update(outcome.requests)
         roles = "+".join(a.kind for a in outcome.schedule.actors)
         self.slowest = sorted([*self.slowest, (outcome.seconds, outcome.seed, roles)])[-5:]
 
@@ -1049,6 +1068,7 @@ class Summary:
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
         actors = ", ".join(f"{k} {v}" for k, v in sorted(self.actors.items()))
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in self.cpu.most_common())
+        requests = ", ".join(f"{k} {v}" for k, v in self.requests.most_common())
         slowest = "; ".join(f"seed {s} {t:.1f} s ({r})" for t, s, r in reversed(self.slowest))
         return (
             f"randomized histories: {self.histories} histories in {self.seconds:.0f} s "
@@ -1060,7 +1080,9 @@ class Summary:
             f"acknowledgements); unacknowledged but committed: {self.unacknowledged_present}; "
             f"versions opened by readers: {self.opened_versions}; removed by cleanup: "
             f"{self.removed_versions}; CPU s: server+harness {self.server_cpu:.0f}, "
-            f"workers {sum(self.cpu.values()):.0f} ({cpu}); slowest: {slowest}; "
+            f"workers {sum(self.cpu.values()):.0f} ({cpu}); requests: actors "
+            f"{sum(self.requests.values())} ({requests}), checker and harness "
+            f"{self.other_requests}; slowest: {slowest}; "
             f"anomalies: {len(self.anomalies)}"
         )
 
@@ -1118,4 +1140,5 @@ def run_histories(
     now = resource.getrusage(resource.RUSAGE_SELF)
     summary.server_cpu = now.ru_utime + now.ru_stime - own.ru_utime - own.ru_stime
     summary.respawned = pool.respawned
+    summary.other_requests = world.injector.unregistered
     return summary
