@@ -674,7 +674,8 @@ def _check_table(uri: str, options: dict[str, str], keys_too: bool) -> dict[str,
                 continue
             at = ds if version == ds.version else ds.checkout_version(version)
             counts[version] = at.count_rows()
-            txn = ds.read_transaction(version) if keys_too else None
+            # The version's own dataset answers from the manifest it just read.
+            txn = at.read_transaction(version) if keys_too else None
         except Exception as exc:
             unopenable.append(f"v{version}: {_describe(exc)}")
             continue
