@@ -25,6 +25,7 @@ The tree::
     ├── DatasetNotFoundError
     ├── VersionNotFoundError
     └── CommitError                  (see lancetx.commit.errors for the engine's subclasses)
+        └── IdempotencyKeyCollisionError  two keys' hashes met: use another key
 """
 
 from __future__ import annotations
@@ -307,3 +308,22 @@ class InvalidCommitError(CommitError):
         self.uri = uri
         self.problem = problem
         super().__init__(f"cannot commit to {uri!r}: {problem}")
+
+
+class IdempotencyKeyCollisionError(CommitError):
+    """Two idempotency keys share one key item's place (``slot``: 63 bits of their
+    SHA-256; a chance of about one in 10**18 per pair). The key item found belongs to
+    ``other_key`` (committed as ``other_version``), so it says nothing about ``key``:
+    it is never taken as a match. Nothing was committed for ``key``."""
+
+    def __init__(self, uri: str, key: str, other_key: str, other_version: int, slot: int) -> None:
+        self.uri = uri
+        self.key = key
+        self.other_key = other_key
+        self.other_version = other_version
+        self.slot = slot
+        super().__init__(
+            f"idempotency key {key!r} of {uri!r} shares its key item (slot {slot}) with key "
+            f"{other_key!r}, committed as version {other_version}; nothing was committed for "
+            f"{key!r}: commit with another idempotency key (e.g. add a suffix)"
+        )

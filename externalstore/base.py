@@ -14,6 +14,16 @@ was sent) and the retry finds the version taken, the token tells "that item
 is mine" from "another writer won" without guessing (see
 :func:`ownership_of`). Lance ignores the extra attribute.
 
+Another addition: **key items**. A commit that carries an idempotency key claims
+its version and a key item in one all-or-nothing write
+(:meth:`ExternalManifestStore.put_with_key_if_not_exists`), each only if absent: a
+second commit with the key is refused by the store itself, at any history length
+and under any concurrency, and the refusal names the version the key went to. Key
+items live in a partition of their own, ``base_uri`` = the table's ``base_uri`` +
+:data:`KEYS_SUFFIX`, keyed by :func:`key_slot` (a 63-bit hash of the key); Lance
+and pylance only query their table's own ``base_uri``, so they never see them, and
+nothing that removes old versions' items (cleanup) touches them.
+
 All reads are strongly consistent: a read issued after a write returned sees it.
 """
 
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,13 +41,21 @@ from lancetx.commit.format.naming import MANIFEST_SUFFIX
 from lancetx.commit.handlers.interface import Turns
 
 __all__ = [
+    "KEYS_SUFFIX",
     "AsyncExternalManifestStore",
     "ExternalManifestStore",
+    "KeyRecord",
     "ManifestEntry",
     "Ownership",
+    "key_record_of",
+    "key_slot",
+    "keys_base_uri",
     "ownership_of",
     "pointer_flip_done",
 ]
+
+#: Appended to a table's ``base_uri`` to name the partition of its key items.
+KEYS_SUFFIX = "#lancetx-keys"
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,58 @@ class ManifestEntry:
         path's extension is not exactly ``manifest``), i.e. the copy to the
         final name and the pointer flip have not both happened yet."""
         return not self.path.endswith(MANIFEST_SUFFIX)
+
+
+def keys_base_uri(base_uri: str) -> str:
+    """The partition holding the key items of the table at ``base_uri``."""
+    return base_uri + KEYS_SUFFIX
+
+
+def key_slot(key: str) -> int:
+    """Where ``key``'s item lives in its table's key partition: the first 63 bits of
+    the key's SHA-256 (a number every DynamoDB client and int64 parser reads exactly).
+    Two keys may share a slot; the item holds its key, so a reader tells them apart."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """A key item: idempotency ``key`` was committed to the table at ``base_uri`` as
+    ``version``, by transaction ``transaction_uuid`` (whose staged manifest carried
+    ``commit_token``: the claim's own mark, as in :class:`ManifestEntry`)."""
+
+    base_uri: str
+    key: str
+    version: int
+    transaction_uuid: str | None = None
+    commit_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.base_uri:
+            raise ValueError("KeyRecord.base_uri must not be empty")
+        if not self.key:
+            raise ValueError("KeyRecord.key must not be empty")
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
+            raise ValueError(f"KeyRecord.version must be a non-negative int, got {self.version!r}")
+
+    @property
+    def slot(self) -> int:
+        return key_slot(self.key)
+
+
+def key_record_of(entry: ManifestEntry) -> KeyRecord | None:
+    """The key item a claim of ``entry`` writes beside it: one when the claimed
+    transaction carries an idempotency key (its summary says), else None."""
+    summary = entry.summary
+    if summary is None or not summary.idempotency_key:
+        return None
+    return KeyRecord(
+        base_uri=entry.base_uri,
+        key=summary.idempotency_key,
+        version=entry.version,
+        transaction_uuid=summary.uuid,
+        commit_token=entry.commit_token,
+    )
 
 
 class Ownership(enum.Enum):
@@ -152,6 +223,36 @@ class ExternalManifestStore(abc.ABC):
         when the outcome cannot be told.
         """
 
+    #: Whether this store keeps key items (:meth:`put_with_key_if_not_exists` claims
+    #: the key with the version, :meth:`get_key` reads it back).
+    keeps_keys: bool = False
+
+    def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
+        """Claim ``entry.version`` and ``key`` at once, all or nothing: each is
+        inserted only if absent (the key at its :func:`key_slot` in the table's key
+        partition).
+
+        Returns normally when both were inserted, or when either found is this very
+        write (same commit token: a retried request whose first attempt landed).
+        Raises ``KeyExistsError`` carrying the key item found when the key is
+        taken (whatever the version's fate: nothing was written), ``EntryExistsError``
+        when only the version is taken (then the key item provably does not exist,
+        so no attempt of ours landed), ``AmbiguousWriteError`` when the outcome
+        cannot be told.
+
+        A store without key items (:attr:`keeps_keys` False) claims the version
+        only: then a key is checked by reading the history before the claim and
+        by the commit loop after it.
+        """
+        self.put_if_not_exists(entry)
+
+    def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
+        """The key item of ``key`` in the table at ``base_uri`` (a consistent read),
+        or None. Raises ``IdempotencyKeyCollisionError`` when ``key``'s slot holds
+        another key's item. A store without key items returns None."""
+        del base_uri, key
+        return None
+
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str
     ) -> None:
@@ -189,7 +290,8 @@ class ExternalManifestStore(abc.ABC):
 
     @abc.abstractmethod
     def delete_all(self, base_uri: str) -> None:
-        """Delete every entry of ``base_uri`` (used when a table is dropped)."""
+        """Delete every entry of ``base_uri`` and its key items (used when a table is
+        dropped: a table written again at the path must not find the old one's keys)."""
 
     # The commit queue (optional; see :mod:`lancetx.externalstore.commit_queue`).
     # A store without one raises UnsupportedOperationError, and writers back off
@@ -229,6 +331,18 @@ class AsyncExternalManifestStore(abc.ABC):
     @abc.abstractmethod
     async def put_if_not_exists(self, entry: ManifestEntry) -> None:
         """See :meth:`ExternalManifestStore.put_if_not_exists`."""
+
+    #: See :attr:`ExternalManifestStore.keeps_keys`.
+    keeps_keys: bool = False
+
+    async def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
+        """See :meth:`ExternalManifestStore.put_with_key_if_not_exists`."""
+        await self.put_if_not_exists(entry)
+
+    async def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
+        """See :meth:`ExternalManifestStore.get_key`."""
+        del base_uri, key
+        return None
 
     async def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str

@@ -60,6 +60,7 @@ from lancetx.externalstore.protocol import (
     StoreInfo,
     Table,
     claim_steps,
+    find_key_steps,
     finish_steps,
     list_versions_steps,
     onboard_steps,
@@ -185,6 +186,8 @@ class ExternalStoreCommitHandler(CommitHandler):
         self.store = store
         self.entries = entries
         self.committer = committer
+        #: A commit with an idempotency key claims a key item with its version.
+        self.claims_keys = entries.keeps_keys
         #: Checks to pass beside the first request (see :mod:`.preflight`).
         self.preflight = preflight
         #: Outcome of the last commit (for callers that want to know about finalization).
@@ -247,6 +250,10 @@ class ExternalStoreCommitHandler(CommitHandler):
     ) -> ManifestLocation:
         """The four-step commit of ``version``; see :func:`protocol.commit_steps`.
 
+        A summary with an idempotency key claims the key's item with the version
+        (one TransactWriteItems): a key committed before, however long ago, refuses
+        the claim with KeyAlreadyCommittedError naming its version.
+
         ``ticket`` (our place in the table's commit queue) is served by the claim
         itself: it is recorded in the claimed entry with the claim's time, where
         the writers waiting behind see it (they watch the table's entries). So the
@@ -272,6 +279,15 @@ class ExternalStoreCommitHandler(CommitHandler):
         outcome = self._run(finish_steps(staged, scheme), base, checked=False)
         self.last_outcome = outcome
         return outcome.location
+
+    def find_key(self, base: str, key: str) -> int | None:
+        """The version idempotency ``key`` was committed as, from its key item (one
+        GetItem; None without one). Raises IdempotencyKeyCollisionError when the
+        key's slot holds another key's item."""
+        if not self.claims_keys:
+            return None
+        found = self._run(find_key_steps(_table(base), key), base)
+        return found.version if found is not None else None
 
     def _onboard(self, base: str) -> ManifestLocation | None:
         """Onboard a table without entries now (see :func:`protocol.onboard_steps`)."""
@@ -329,6 +345,7 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         self.store = store
         self.entries = entries
         self.committer = committer
+        self.claims_keys = entries.keeps_keys
         self.last_outcome: CommitOutcome | None = None
         self._queue = _QueueAccess()
 
@@ -395,6 +412,13 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         outcome = await self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location
+
+    async def find_key(self, base: str, key: str) -> int | None:
+        """See :meth:`ExternalStoreCommitHandler.find_key`."""
+        if not self.claims_keys:
+            return None
+        found = await self._run(find_key_steps(_table(base), key), base)
+        return found.version if found is not None else None
 
     async def _onboard(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler._onboard`."""

@@ -8,6 +8,16 @@ omits it) and the transaction in brief — ``txn_operation``, ``txn_uuid``,
 ``txn_idempotency_key`` (S) — with ``claimed_at`` (N, epoch milliseconds) and, for a
 claim made from the commit queue, its ``queue_ticket`` (N); pylance ignores them all.
 
+Key items (lancetx only; see :mod:`lancetx.externalstore.base`): ``base_uri`` (S) =
+the table's ``base_uri`` + ``#lancetx-keys``, ``version`` (N) = the key's slot (63
+bits of its SHA-256), ``idempotency_key`` (S, the key itself: a reader checks it,
+two keys may share a slot), ``claimed_version`` (N), ``txn_uuid`` (S),
+``commit_token`` (S) and ``committer`` (S). pylance queries only its table's own
+``base_uri`` and never sees them. A commit with an idempotency key claims its
+version item and its key item in one ``TransactWriteItems`` (two Puts, each with
+Lance's ``attribute_not_exists`` condition; IAM: ``dynamodb:PutItem``, which a
+writer has already): the same request count as the plain ``PutItem`` it replaces.
+
 Structure (sans-IO): every operation is a *plan*, a generator that yields
 :class:`ApiCall` (perform this DynamoDB request and send me the response, or
 throw the botocore exception into me) and :class:`Sleep` steps, and returns
@@ -46,15 +56,19 @@ from typing import Any, TypeVar, cast
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lancetx.commit.errors import IdempotencyKeyCollisionError
 from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.handlers.interface import Turns
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.secrets import remember_secrets
+from lancetx.externalstore import base as _base
 from lancetx.externalstore.base import (
     ExternalManifestStore,
+    KeyRecord,
     ManifestEntry,
     Ownership,
+    keys_base_uri,
     ownership_of,
     pointer_flip_done,
 )
@@ -69,6 +83,7 @@ from lancetx.externalstore.errors import (
     ExternalStoreError,
     InvalidConfigError,
     InvalidRequestError,
+    KeyExistsError,
     MalformedEntryError,
     TableNotFoundError,
     TableSchemaError,
@@ -102,9 +117,13 @@ __all__ = [
     "create_table",
     "create_table_plan",
     "entry_from_item",
+    "get_key_plan",
     "item_from_entry",
+    "item_from_key",
+    "key_from_item",
     "make_client",
     "put_all_if_not_exists_plan",
+    "put_with_key_if_not_exists_plan",
     "run_plan",
 ]
 
@@ -128,6 +147,9 @@ TXN_UUID = "txn_uuid"
 TXN_IDEMPOTENCY_KEY = "txn_idempotency_key"
 QUEUE_TICKET = "queue_ticket"
 CLAIMED_AT = "claimed_at"
+#: Key items' own attributes.
+IDEMPOTENCY_KEY = "idempotency_key"
+CLAIMED_VERSION = "claimed_version"
 #: Lance versions are u64; DynamoDB numbers go to 38 digits.
 MAX_VERSION = 2**64 - 1
 
@@ -485,6 +507,49 @@ def entry_from_item(
         ) from None
 
 
+def item_from_key(record: KeyRecord, committer: str) -> dict[str, Any]:
+    """The DynamoDB key item of ``record`` (see the module docstring)."""
+    item: dict[str, Any] = {
+        **key_of(keys_base_uri(record.base_uri), _base.key_slot(record.key)),
+        IDEMPOTENCY_KEY: {"S": record.key},
+        CLAIMED_VERSION: {"N": str(int(record.version))},
+        COMMITTER: {"S": committer},
+    }
+    if record.transaction_uuid is not None:
+        item[TXN_UUID] = {"S": record.transaction_uuid}
+    if record.commit_token is not None:
+        item[COMMIT_TOKEN] = {"S": record.commit_token}
+    return item
+
+
+def key_from_item(
+    item: Mapping[str, Any], base_uri: str, target: DynamoDBTarget, operation: str
+) -> KeyRecord:
+    """Parse a key item of the table at ``base_uri``. Raises MalformedEntryError."""
+
+    def text(name: str) -> str | None:
+        value = item.get(name)
+        return str(value["S"]) if isinstance(value, Mapping) and "S" in value else None
+
+    raw = item.get(CLAIMED_VERSION)
+    number = str(raw["N"]) if isinstance(raw, Mapping) and "N" in raw else ""
+    key = text(IDEMPOTENCY_KEY)
+    if not key or not number.isascii() or not number.isdigit() or int(number) > MAX_VERSION:
+        raise MalformedEntryError(
+            f"dynamodb:{operation}",
+            target.resource,
+            f"malformed key item {dict(item)!r}: idempotency_key (S) and claimed_version (N, "
+            "a whole number) are required; it was not written by lancetx: delete that item",
+        )
+    return KeyRecord(
+        base_uri=base_uri,
+        key=key,
+        version=int(number),
+        transaction_uuid=text(TXN_UUID),
+        commit_token=text(COMMIT_TOKEN),
+    )
+
+
 def check_table_description(description: Mapping[str, Any], target: DynamoDBTarget) -> TableInfo:
     """Validate a DescribeTable ``Table`` against the Lance layout. Raises TableSchemaError."""
     keys = {k["KeyType"]: k["AttributeName"] for k in description.get("KeySchema", [])}
@@ -837,6 +902,160 @@ def put_all_if_not_exists_plan(
             yield Sleep(delay)
 
 
+def _get_key_item_plan(
+    ctx: PlanContext, base_uri: str, key: str, operation: str
+) -> Plan[KeyRecord | None]:
+    slot = _base.key_slot(key)
+    response = yield from call_plan(
+        ctx,
+        ApiCall(
+            "GetItem",
+            {
+                "TableName": ctx.table,
+                "Key": key_of(keys_base_uri(base_uri), slot),
+                "ConsistentRead": True,
+            },
+        ),
+    )
+    item = response.get("Item")
+    return key_from_item(item, base_uri, ctx.target, operation) if item else None
+
+
+def get_key_plan(ctx: PlanContext, base_uri: str, key: str) -> Plan[KeyRecord | None]:
+    """Consistent GetItem of ``key``'s item; see ExternalManifestStore.get_key."""
+    found = yield from _get_key_item_plan(ctx, base_uri, key, "GetItem")
+    if found is not None and found.key != key:
+        raise IdempotencyKeyCollisionError(
+            base_uri, key, found.key, found.version, _base.key_slot(key)
+        )
+    return found
+
+
+def put_with_key_if_not_exists_plan(
+    ctx: PlanContext, entry: ManifestEntry, key: KeyRecord
+) -> Plan[None]:
+    """One TransactWriteItems claiming ``entry.version`` and ``key`` (both Puts with
+    Lance's claim condition); see ExternalManifestStore.put_with_key_if_not_exists.
+
+    No ClientRequestToken: a retry of an attempt that landed meets both items with
+    our commit token (ALL_OLD in the cancellation reasons), which settles it as a
+    PutItem's retry is settled, without DynamoDB's ten-minute token window.
+    """
+    params = {
+        "TransactItems": [
+            {
+                "Put": {
+                    "TableName": ctx.table,
+                    "Item": item_from_entry(entry, ctx.committer),
+                    "ConditionExpression": PUT_IF_NOT_EXISTS_CONDITION,
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            },
+            {
+                "Put": {
+                    "TableName": ctx.table,
+                    "Item": item_from_key(key, ctx.committer),
+                    "ConditionExpression": PUT_IF_NOT_EXISTS_CONDITION,
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            },
+        ],
+    }
+    action, resource = "dynamodb:TransactWriteItems", ctx.target.resource
+    attempts = Attempts(ctx.retry, ctx.rng)
+    while True:
+        try:
+            yield ApiCall("TransactWriteItems", params)
+            return None
+        except (ClientError, BotoCoreError) as exc:
+            kind = classify(exc)
+            if isinstance(exc, ClientError) and error_code(exc) == "TransactionCanceledException":
+                reasons = list(exc.response.get("CancellationReasons") or [])  # type: ignore[typeddict-item]
+                reasons += [{}] * (2 - len(reasons))
+                codes = [str(r.get("Code") or "") for r in reasons]
+                if "ConditionalCheckFailed" in codes[:2]:
+                    attempts.succeeded()
+                    refused = yield from _key_claim_refused(
+                        ctx, entry, key, reasons[:2], attempts.ambiguous
+                    )
+                    if refused is None:
+                        return None  # an earlier attempt of ours landed
+                    raise refused from exc
+                transient = any(code in _TRANSIENT_CANCELLATIONS for code in codes)
+                kind = ErrorKind.THROTTLED if transient else ErrorKind.FATAL
+            delay = attempts.record(kind, write=True)
+            if delay is None:
+                if attempts.ambiguous:
+                    raise AmbiguousWriteError(
+                        action,
+                        resource,
+                        entry,
+                        f"the TransactWriteItems claiming version {entry.version} with idempotency "
+                        f"key {key.key!r} may have landed: {attempts.count} attempt(s), last {exc}",
+                    ) from exc
+                raise translate_error(
+                    exc, ctx.target, "TransactWriteItems", attempts=attempts.count
+                ) from exc
+            yield Sleep(delay)
+
+
+def _key_claim_refused(
+    ctx: PlanContext,
+    entry: ManifestEntry,
+    key: KeyRecord,
+    reasons: Sequence[Mapping[str, Any]],
+    ambiguous: bool,
+) -> Plan[ExternalStoreError | None]:
+    """What a cancelled keyed claim means: None if it is our own landed write, else
+    the error to raise (KeyExistsError when the key is taken, EntryExistsError when
+    only the version is; AmbiguousWriteError when the items cannot be read back)."""
+    action, resource = "dynamodb:TransactWriteItems", ctx.target.resource
+    version_failed, key_failed = (r.get("Code") == "ConditionalCheckFailed" for r in reasons)
+    old_entry, old_key = (r.get("Item") for r in reasons)
+    try:
+        existing = (
+            entry_from_item(old_entry, ctx.target, "TransactWriteItems") if old_entry else None
+        )
+        taken = (
+            key_from_item(old_key, key.base_uri, ctx.target, "TransactWriteItems")
+            if old_key
+            else None
+        )
+        # A service that returns no old items (older DynamoDB Local): read them.
+        if version_failed and existing is None:
+            existing = yield from _get_optional_plan(
+                ctx, entry.base_uri, entry.version, "TransactWriteItems"
+            )
+        if key_failed and taken is None:
+            taken = yield from _get_key_item_plan(ctx, key.base_uri, key.key, "TransactWriteItems")
+    except ExternalStoreError as exc:
+        if not ambiguous:
+            raise
+        return AmbiguousWriteError(
+            action,
+            resource,
+            entry,
+            f"the condition failed after an attempt that may have landed, and reading the items "
+            f"failed ({exc})",
+        )
+    if (
+        taken is not None
+        and taken.commit_token is not None
+        and taken.commit_token == entry.commit_token
+    ):
+        return None  # the key item is ours: the write landed (both items, atomically)
+    if existing is not None and ownership_of(existing, entry) is Ownership.MINE:
+        return None
+    if key_failed:
+        if taken is None and ambiguous:
+            return AmbiguousWriteError(
+                action, resource, entry, "the key's condition failed but its item vanished"
+            )
+        return KeyExistsError(action, resource, key, taken, ambiguous=ambiguous)
+    # Only the version is taken: our key item does not exist, so no attempt of ours landed.
+    return EntryExistsError(action, resource, entry.base_uri, entry.version, existing)
+
+
 def put_if_exists_plan(
     ctx: PlanContext, entry: ManifestEntry, expected_path: str | None
 ) -> Plan[None]:
@@ -868,8 +1087,9 @@ def put_if_exists_plan(
 
 
 def delete_all_plan(ctx: PlanContext, base_uri: str) -> Plan[None]:
-    """Delete every entry of ``base_uri``: paginated key Query, then DeleteItem
-    per version (the IAM actions Lance already needs; BatchWriteItem would add one)."""
+    """Delete every entry of ``base_uri`` and its key items: paginated key Queries
+    (the table's partition, then its key partition), then DeleteItem per item (the
+    IAM actions Lance already needs; BatchWriteItem would add one)."""
     _check_base_uri(base_uri)
     params = {
         "TableName": ctx.table,
@@ -879,6 +1099,9 @@ def delete_all_plan(ctx: PlanContext, base_uri: str) -> Plan[None]:
         "ConsistentRead": True,
     }
     items = yield from _query_pages_plan(ctx, params)
+    keys = dict(params)
+    keys["ExpressionAttributeValues"] = {":base_uri": {"S": keys_base_uri(base_uri)}}
+    items += yield from _query_pages_plan(ctx, keys)
     for item in items:
         key = {BASE_URI: item[BASE_URI], VERSION: item[VERSION]}
         yield from call_plan(ctx, ApiCall("DeleteItem", {"TableName": ctx.table, "Key": key}))
@@ -1222,6 +1445,15 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
     def put_if_not_exists(self, entry: ManifestEntry) -> None:
         self._write(put_if_not_exists_plan(self._ctx, entry))
+
+    keeps_keys = True
+
+    def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
+        """The version and its idempotency key in one TransactWriteItems (two Puts)."""
+        self._write(put_with_key_if_not_exists_plan(self._ctx, entry, key))
+
+    def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
+        return self._run(get_key_plan(self._ctx, base_uri, key))
 
     def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
         self._write(put_if_exists_plan(self._ctx, entry, expected_path))

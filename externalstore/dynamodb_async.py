@@ -24,7 +24,7 @@ except ImportError as exc:  # the sync API never imports this module
     raise MissingExtraError("the asyncio DynamoDB store", "async", exc.name) from exc
 
 from lancetx.commit.handlers.interface import Turns
-from lancetx.externalstore.base import AsyncExternalManifestStore, ManifestEntry
+from lancetx.externalstore.base import AsyncExternalManifestStore, KeyRecord, ManifestEntry
 from lancetx.externalstore.commit_queue import end_turn_plan, read_turns_plan, take_ticket_plan
 from lancetx.externalstore.dynamodb import (
     DEFAULT_COMMITTER,
@@ -37,12 +37,14 @@ from lancetx.externalstore.dynamodb import (
     cached_validation,
     create_table_plan,
     delete_all_plan,
+    get_key_plan,
     get_plan,
     latest_plan,
     list_plan,
     put_all_if_not_exists_plan,
     put_if_exists_plan,
     put_if_not_exists_plan,
+    put_with_key_if_not_exists_plan,
     remember_validation,
     target_of,
     validate_plan,
@@ -199,6 +201,15 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def put_if_not_exists(self, entry: ManifestEntry) -> None:
         await self._run(put_if_not_exists_plan(self._ctx, entry))
+
+    keeps_keys = True
+
+    async def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
+        """See :meth:`DynamoDBManifestStore.put_with_key_if_not_exists`."""
+        await self._run(put_with_key_if_not_exists_plan(self._ctx, entry, key))
+
+    async def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
+        return await self._run(get_key_plan(self._ctx, base_uri, key))
 
     async def put_if_exists(
         self, entry: ManifestEntry, *, expected_path: str | None = None

@@ -16,6 +16,7 @@ The tree::
     │   ├── InvalidRequestError          DynamoDB rejected the request (ValidationException…)
     │   ├── EntryExistsError             put_if_not_exists lost: another writer holds the version
     │   ├── EntriesExistError            put_all_if_not_exists lost: some version is held
+    │   ├── KeyExistsError               put_with_key_if_not_exists refused: the key is taken
     │   ├── EntryNotFoundError           no entry for (base_uri, version)
     │   ├── EntryMismatchError           put_if_exists refused: the entry points elsewhere
     │   └── AmbiguousWriteError          a write may or may not have landed
@@ -48,7 +49,7 @@ from botocore.exceptions import (
 from urllib3.exceptions import NewConnectionError
 
 from lancetx.commit.errors import CommitError, InvalidUriError, LancetxError
-from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.base import KeyRecord, ManifestEntry
 
 __all__ = [
     "ACCESS_CODES",
@@ -68,6 +69,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidRequestError",
     "InvalidUriError",
+    "KeyExistsError",
     "MalformedEntryError",
     "ManifestCopyMismatchError",
     "ManifestMissingError",
@@ -382,6 +384,43 @@ class EntriesExistError(ExternalStoreError):
             f"none of the {len(entries)} versions was claimed: {taken} "
             f"{'is' if len(failed) == 1 else 'are'} already claimed by another writer; load the "
             "newer versions and retry the transactions on top of them",
+            code="TransactionCanceledException",
+        )
+
+
+class KeyExistsError(ExternalStoreError):
+    """``put_with_key_if_not_exists`` wrote nothing: the idempotency key's item
+    exists, another commit's (a retried request of our own is not an error).
+
+    ``attempted`` is the key item we tried to write; ``existing`` the one found
+    (None if it could not be read back), which names the version the key was
+    committed as — or, if its ``key`` differs from ours, belongs to another key
+    sharing the slot. ``ambiguous``: an earlier attempt of this request may have
+    landed (it did not if ``existing`` names another commit token).
+    """
+
+    def __init__(
+        self,
+        action: str,
+        resource: str,
+        attempted: KeyRecord,
+        existing: KeyRecord | None,
+        *,
+        ambiguous: bool = False,
+    ) -> None:
+        self.attempted = attempted
+        self.existing = existing
+        self.ambiguous = ambiguous
+        holder = (
+            f"version {existing.version} (transaction {existing.transaction_uuid})"
+            if existing is not None
+            else "another commit"
+        )
+        super().__init__(
+            action,
+            resource,
+            f"idempotency key {attempted.key!r} of {attempted.base_uri!r} is already committed "
+            f"as {holder}; version {attempted.version} was not claimed",
             code="TransactionCanceledException",
         )
 

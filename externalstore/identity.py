@@ -117,7 +117,7 @@ def guard_bucket(
                 raise collision from exc
             raise
         if isinstance(effect, ClaimEntry):
-            effect = ClaimEntry(replace(effect.entry, bucket=bucket))
+            effect = replace(effect, entry=replace(effect.entry, bucket=bucket))
         elif isinstance(effect, FlipEntry):
             effect = FlipEntry(replace(effect.entry, bucket=bucket), effect.expected_path)
         try:

@@ -13,8 +13,12 @@ the fault-injection harness:
   effect, to interleave another actor deterministically.
 
 ``op`` is a method name: ``get``, ``latest``, ``put_if_not_exists``,
-``put_all_if_not_exists``, ``put_if_exists``, ``list_entries``, ``delete_all``.
-``calls`` counts them.
+``put_with_key_if_not_exists``, ``put_all_if_not_exists``, ``put_if_exists``,
+``list_entries``, ``get_key``, ``delete_all``. ``calls`` counts them.
+
+It keeps key items as the DynamoDB store does (one per idempotency key and table,
+at the key's slot, written with the version in one atomic step), so two keys
+sharing a slot can be simulated by patching :func:`~lancetx.externalstore.base.key_slot`.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lancetx.commit.errors import IdempotencyKeyCollisionError
 from lancetx.commit.handlers.interface import Turns
+from lancetx.externalstore import base as _base
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
+    KeyRecord,
     ManifestEntry,
     Ownership,
+    keys_base_uri,
     ownership_of,
     pointer_flip_done,
 )
@@ -40,6 +48,7 @@ from lancetx.externalstore.errors import (
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
+    KeyExistsError,
 )
 
 __all__ = ["OPERATIONS", "AsyncMemoryManifestStore", "MemoryManifestStore"]
@@ -49,17 +58,29 @@ OPERATIONS = frozenset(
         "get",
         "latest",
         "put_if_not_exists",
+        "put_with_key_if_not_exists",
         "put_all_if_not_exists",
         "put_if_exists",
         "list_entries",
+        "get_key",
         "delete_all",
     }
 )
-_WRITES = frozenset({"put_if_not_exists", "put_all_if_not_exists", "put_if_exists", "delete_all"})
+_WRITES = frozenset(
+    {
+        "put_if_not_exists",
+        "put_with_key_if_not_exists",
+        "put_all_if_not_exists",
+        "put_if_exists",
+        "delete_all",
+    }
+)
 _ACTIONS = {
     "get": "GetItem",
     "latest": "Query",
     "put_if_not_exists": "PutItem",
+    "put_with_key_if_not_exists": "TransactWriteItems",
+    "get_key": "GetItem",
     "put_all_if_not_exists": "TransactWriteItems",
     "put_if_exists": "PutItem",
     "list_entries": "Query",
@@ -88,10 +109,14 @@ def _turns(queue: list[float]) -> Turns:
 class MemoryManifestStore(ExternalManifestStore):
     """A thread-safe in-memory external manifest store (``name`` appears in errors)."""
 
+    keeps_keys = True
+
     def __init__(self, name: str = "memory") -> None:
         self.name = name
         self._lock = threading.RLock()
         self._tables: dict[str, dict[int, ManifestEntry]] = {}
+        #: Key items: key partition (see keys_base_uri) -> slot -> record.
+        self._keys: dict[str, dict[int, KeyRecord]] = {}
         #: Commit queues: base_uri -> [issued, served, served_version, served_at].
         self._queues: dict[str, list[float]] = {}
         self._faults: dict[str, collections.deque[_Fault]] = collections.defaultdict(
@@ -168,6 +193,14 @@ class MemoryManifestStore(ExternalManifestStore):
         with self._lock:
             return [e for _, rows in sorted(self._tables.items()) for _, e in sorted(rows.items())]
 
+    def key_records(self) -> list[KeyRecord]:
+        """Every key item of every table, sorted by (base_uri, key)."""
+        with self._lock:
+            return sorted(
+                (r for rows in self._keys.values() for r in rows.values()),
+                key=lambda r: (r.base_uri, r.key),
+            )
+
     # ------------------------------------------------------------------ interface
 
     def get(self, base_uri: str, version: int) -> ManifestEntry:
@@ -202,6 +235,42 @@ class MemoryManifestStore(ExternalManifestStore):
             raise AmbiguousWriteError(
                 action, self._resource(), entry, "injected: landed, then the answer was lost"
             )
+
+    def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
+        fault = self._begin("put_with_key_if_not_exists")
+        action = self._action("put_with_key_if_not_exists")
+        slot = _base.key_slot(key.key)
+        with self._lock:
+            rows = self._tables.setdefault(entry.base_uri, {})
+            keys = self._keys.setdefault(keys_base_uri(key.base_uri), {})
+            existing, taken = rows.get(entry.version), keys.get(slot)
+            if existing is None and taken is None:
+                rows[entry.version] = entry
+                keys[slot] = key
+        if taken is not None:
+            if taken.commit_token is not None and taken.commit_token == entry.commit_token:
+                return  # our own earlier attempt landed (both items: one write)
+            raise KeyExistsError(action, self._resource(), key, taken)
+        if existing is not None:
+            if ownership_of(existing, entry) is Ownership.MINE:
+                return
+            raise EntryExistsError(
+                action, self._resource(), entry.base_uri, entry.version, existing
+            )
+        if fault is not None:
+            raise AmbiguousWriteError(
+                action, self._resource(), entry, "injected: landed, then the answer was lost"
+            )
+
+    def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
+        self._begin("get_key")
+        with self._lock:
+            found = self._keys.get(keys_base_uri(base_uri), {}).get(_base.key_slot(key))
+        if found is not None and found.key != key:
+            raise IdempotencyKeyCollisionError(
+                base_uri, key, found.key, found.version, _base.key_slot(key)
+            )
+        return found
 
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str
@@ -254,6 +323,7 @@ class MemoryManifestStore(ExternalManifestStore):
         fault = self._begin("delete_all")
         with self._lock:
             self._tables.pop(base_uri, None)
+            self._keys.pop(keys_base_uri(base_uri), None)
         if fault is not None:
             raise AmbiguousWriteError(
                 self._action("delete_all"),
@@ -291,6 +361,8 @@ class MemoryManifestStore(ExternalManifestStore):
 class AsyncMemoryManifestStore(AsyncExternalManifestStore):
     """The asyncio face of a :class:`MemoryManifestStore` (same state, same faults)."""
 
+    keeps_keys = True
+
     def __init__(self, store: MemoryManifestStore | None = None) -> None:
         self.store = store or MemoryManifestStore()
 
@@ -302,6 +374,12 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
 
     async def put_if_not_exists(self, entry: ManifestEntry) -> None:
         self.store.put_if_not_exists(entry)
+
+    async def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
+        self.store.put_with_key_if_not_exists(entry, key)
+
+    async def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
+        return self.store.get_key(base_uri, key)
 
     async def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str

@@ -27,6 +27,9 @@ Lance's own DynamoDB handler, Delta Lake's and delta-rs's S3 + DynamoDB log stor
 * An entry whose path is not a manifest of that very version inside the
   table's ``_versions/`` is refused, never followed.
 * Finalizing is idempotent: any number of writers and readers may race on it.
+* A claim whose transaction carries an idempotency key claims the key too, in
+  the same all-or-nothing write (on a store that keeps key items): a key is
+  committed at most once, however far back and however close the other commit.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotFoundError
+from lancetx.commit.errors import (
+    IdempotencyKeyCollisionError,
+    LancetxError,
+    ObjectNotFoundError,
+    VersionNotFoundError,
+)
 from lancetx.commit.format.listing import (
     ascending_locations,
     manifest_location,
@@ -56,14 +64,21 @@ from lancetx.commit.format.naming import (
     parse_staged_name,
     staged_manifest_key,
 )
-from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
+from lancetx.commit.handlers.interface import (
+    CommitStateUnknownError,
+    KeyAlreadyCommittedError,
+    VersionAlreadyExistsError,
+)
 from lancetx.commit.storage.limits import MANIFEST, read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
+    KeyRecord,
     ManifestEntry,
     Ownership,
+    key_record_of,
+    key_slot,
     ownership_of,
 )
 from lancetx.externalstore.errors import (
@@ -73,6 +88,7 @@ from lancetx.externalstore.errors import (
     EntryExistsError,
     EntryNotFoundError,
     InvalidRequestError,
+    KeyExistsError,
     ManifestCopyMismatchError,
     ManifestMissingError,
     TableNotFoundError,
@@ -149,9 +165,12 @@ class DeleteObject:
 
 @dataclass(frozen=True)
 class ClaimEntry:
-    """Conditional insert: the commit point (result: None)."""
+    """Conditional insert: the commit point (result: None). With ``key``, the key
+    item is inserted in the same all-or-nothing write, also only if absent
+    (KeyExistsError when it is not; a store without key items claims the entry only)."""
 
     entry: ManifestEntry
+    key: KeyRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +197,15 @@ class GetEntry:
 
     base_uri: str
     version: int
+
+
+@dataclass(frozen=True)
+class GetKey:
+    """Consistent read of an idempotency key's item (result: KeyRecord | None;
+    IdempotencyKeyCollisionError when its slot holds another key's item)."""
+
+    base_uri: str
+    key: str
 
 
 @dataclass(frozen=True)
@@ -220,6 +248,7 @@ Effect = (
     | ClaimEntries
     | FlipEntry
     | GetEntry
+    | GetKey
     | LatestEntry
     | ListEntries
 )
@@ -435,14 +464,19 @@ def _claims_unknown(claims: list[Staged], tables: str, detail: str) -> CommitSta
 
 
 def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> Steps[None]:
-    """Insert ``entry``; settle ambiguous outcomes; on a loss, delete our staged object."""
+    """Insert ``entry`` (and its key item, when its transaction carries an idempotency
+    key); settle ambiguous outcomes; on a loss, delete our staged object."""
+    key = key_record_of(entry)
     last_error: AmbiguousWriteError | None = None
     for _ in range(CLAIM_ATTEMPTS):
         try:
-            yield ClaimEntry(entry)
+            yield ClaimEntry(entry, key)
             return
         except EntryExistsError as lost:
             existing = lost.existing
+        except KeyExistsError as taken:
+            assert key is not None  # only a claim with a key item meets one
+            yield from _refused_by_key(table, entry, key, taken, may_be_ours=last_error is not None)
         except AmbiguousWriteError as unclear:
             last_error = unclear
             existing = None
@@ -500,6 +534,54 @@ def _claim(table: Table, entry: ManifestEntry, final: str, manifest: bytes) -> S
         f"the conditional write to the external store stayed ambiguous after {CLAIM_ATTEMPTS} attempts "
         f"({last_error}); staged manifest {entry.path!r} was kept",
     )
+
+
+def _refused_by_key(
+    table: Table, entry: ManifestEntry, key: KeyRecord, taken: KeyExistsError, *, may_be_ours: bool
+) -> Steps[None]:
+    """The claim was refused for its key item: raise what the item found says.
+
+    Another commit's item (the store tells our own retried write by its commit
+    token): the key is committed already — KeyAlreadyCommittedError with its version.
+    Another key's item in the slot: IdempotencyKeyCollisionError. Either way the
+    all-or-nothing write wrote nothing of ours, and the item is never overwritten, so
+    no earlier attempt of ours can have landed either: the staged manifest is deleted.
+    """
+    found = taken.existing
+    if found is None or (found.commit_token is None and may_be_ours):
+        if may_be_ours:
+            raise CommitStateUnknownError(
+                table.base_uri,
+                entry.version,
+                entry.commit_token,
+                f"the claim with idempotency key {key.key!r} was ambiguous and the key item "
+                f"found cannot tell whose it is ({taken}); staged manifest {entry.path!r} was kept",
+            ) from taken
+        yield from _best_effort_delete(entry.path)
+        raise taken
+    yield from _best_effort_delete(entry.path)
+    if found.key != key.key:
+        raise IdempotencyKeyCollisionError(
+            table.base_uri, key.key, found.key, found.version, key_slot(key.key)
+        ) from taken
+    log.info(
+        "%s: idempotency key %r was committed as version %d (transaction %s); version %d not "
+        "claimed",
+        table.base_uri,
+        key.key,
+        found.version,
+        found.transaction_uuid,
+        entry.version,
+    )
+    raise KeyAlreadyCommittedError(
+        table.base_uri, key.key, found.version, found.transaction_uuid
+    ) from None
+
+
+def find_key_steps(table: Table, key: str) -> Steps[KeyRecord | None]:
+    """The key item of ``key`` (one consistent read), or None."""
+    found: KeyRecord | None = yield GetKey(table.base_uri, key)
+    return found
 
 
 def _ownership(
@@ -915,12 +997,17 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
         ListObjects: lambda e: _listing(store.list(e.prefix), e.until),
-        ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
+        ClaimEntry: lambda e: (
+            entries.put_if_not_exists(e.entry)
+            if e.key is None
+            else entries.put_with_key_if_not_exists(e.entry, e.key)
+        ),
         ClaimEntries: lambda e: entries.put_all_if_not_exists(
             e.entries, request_token=e.request_token
         ),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
+        GetKey: lambda e: entries.get_key(e.base_uri, e.key),
         LatestEntry: lambda e: entries.latest(e.base_uri),
         ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
     }
@@ -950,12 +1037,17 @@ async def run_async(
         HeadObject: lambda e: store.head(e.key),
         DeleteObject: lambda e: store.delete(e.key),
         ListObjects: lambda e: _listing_async(store, e),
-        ClaimEntry: lambda e: entries.put_if_not_exists(e.entry),
+        ClaimEntry: lambda e: (
+            entries.put_if_not_exists(e.entry)
+            if e.key is None
+            else entries.put_with_key_if_not_exists(e.entry, e.key)
+        ),
         ClaimEntries: lambda e: entries.put_all_if_not_exists(
             e.entries, request_token=e.request_token
         ),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
+        GetKey: lambda e: entries.get_key(e.base_uri, e.key),
         LatestEntry: lambda e: entries.latest(e.base_uri),
         ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 from lancetx.commit.errors import (
     DatasetNotFoundError,
     ExpectedVersionMismatchError,
+    IdempotencyKeyCollisionError,
     LancetxError,
     VersionNotFoundError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "DatasetNotFoundError",
     "ExpectedVersionMismatchError",
     "ForeignFragmentError",
+    "IdempotencyKeyCollisionError",
     "InvalidPredicateError",
     "LancetxError",
     "MergeInsertBuilder",

@@ -47,7 +47,7 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, join
-from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.commit.handlers.interface import CommitStateUnknownError, KeyAlreadyCommittedError
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import TableExistsError
 from lancetx.protos import table_pb2
@@ -217,7 +217,8 @@ def should_replan(
 
 @dataclass(frozen=True)
 class FindKey:
-    """Effect: the version committed with this idempotency key after ``since``, or None."""
+    """Effect: the version committed with this idempotency key, or None: its key item,
+    else the history after ``since`` (see :mod:`lancetx.keys`)."""
 
     key: str
     since: int = 0
@@ -278,21 +279,25 @@ class VerbFlags:
 def verb_steps(
     state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags
 ) -> Generator[Effect, Any, CommitResult]:
-    """The whole verb as steps: the sync and async drivers only perform the effects."""
-    if args.idempotency_key is not None:
-        found = yield FindKey(args.idempotency_key, args.idempotency_since)
-        if found is not None:
-            log.info(
-                "%s: idempotency key %r already committed as version %d",
-                state.uri,
-                args.idempotency_key,
-                found,
-            )
-            return CommitResult(found, deduplicated=True, attempts=0, plans=0)
+    """The whole verb as steps: the sync and async drivers only perform the effects.
+
+    With an idempotency key, the key is looked for once the parent is in hand, in
+    every version up to it (and again up to a new parent before planning on it):
+    the commit loop checks every version after the parent, and the claim itself
+    refuses a key committed before (handlers that claim keys). Looked for before
+    the parent was loaded, a same-key commit landing in between would be missed.
+    """
     parent = state.parent
     if parent is None:
         parent = yield LoadLatest()
         state.remember(parent)
+    key = args.idempotency_key
+    checked = args.idempotency_since  # versions up to here cannot hold the key
+    if key is not None:
+        found = yield from _find_key(state, key, checked)
+        if found is not None:
+            return found
+        checked = max(checked, parent.version if parent is not None else 0)
     if parent is None and flags.needs_table:
         raise DatasetNotFoundError(state.uri)
     plans = 0
@@ -317,6 +322,18 @@ def verb_steps(
             return outcome if first is None else dataclasses.replace(outcome, plans=plans)
         if isinstance(outcome, _Again):
             parent = outcome.parent
+            if (
+                key is not None
+                and first is None
+                and parent is not None
+                and parent.version > checked
+            ):
+                # Planning again on a newer parent (a creation race lost, a re-plan):
+                # the versions up to it are looked at before the next claim.
+                found = yield from _find_key(state, key, checked)
+                if found is not None:
+                    return dataclasses.replace(found, plans=plans)
+                checked = parent.version
             continue
         committed = outcome
         follow_up = _follow_up(plan, committed, args)
@@ -328,6 +345,16 @@ def verb_steps(
         first = first or result
         plan, args = follow_up
         parent = Parent(committed.location, committed.manifest)
+
+
+def _find_key(
+    state: TableState, key: str, since: int
+) -> Generator[Effect, Any, CommitResult | None]:
+    found = yield FindKey(key, since)
+    if found is None:
+        return None
+    log.info("%s: idempotency key %r already committed as version %d", state.uri, key, found)
+    return CommitResult(found, deduplicated=True, attempts=0, plans=0)
 
 
 @dataclass(frozen=True)
@@ -362,6 +389,11 @@ def _one_round(
         committed: Committed = yield Commit(txn, parent, options)
     except CommitStateUnknownError:
         raise  # our files may be referenced by a version that landed: keep them
+    except KeyAlreadyCommittedError as taken:
+        # The key was committed before as a version whose manifest is gone (cleanup):
+        # whether it refers to our files cannot be read, so they are kept.
+        log.info("%s: %s", state.uri, taken)
+        return CommitResult(taken.version, deduplicated=True, attempts=1, plans=plans)
     except ExpectedVersionMismatchError:
         if not (creating and args.expected_version is None and flags.reusable):
             yield Discard(wrote)

@@ -183,11 +183,11 @@ def load_history(
 def find_idempotency_key(
     handler: CommitHandler, base: str, key: str, *, since: int = 0
 ) -> int | None:
-    """The newest version after ``since`` committed with idempotency key ``key``, or None."""
-    for info in iter_history_newest_first(handler, base, since=since):
-        if info.idempotency_key == key:
-            return info.version
-    return None
+    """The version committed with idempotency key ``key``, or None: its key item, else
+    the newest version after ``since`` carrying it (see :mod:`lancetx.keys`)."""
+    from lancetx.keys import find_committed_key
+
+    return find_committed_key(handler, base, key, since=since)
 
 
 __all__ = [

@@ -29,11 +29,6 @@ if TYPE_CHECKING:
 
     from lancetx.history import VersionInfo
 
-#: How many of the newest versions an idempotency key is looked for in before a
-#: commit (each read once per process). A retried job or stream batch commits again
-#: soon after its first attempt; raise it for tables committed to very often.
-IDEMPOTENCY_HORIZON = 1000
-
 #: Storage options that configure lancetx only; pylance must not see them.
 _LANCETX_ONLY_PREFIXES = ("lancetx_",)
 
@@ -54,7 +49,7 @@ class TableState:
     _signatures: dict[int, bytes] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Versions already read for history (a committed version never changes), so
-    #: history and idempotency checks only read versions they have not seen.
+    #: history only reads versions it has not seen.
     _infos: dict[int, VersionInfo] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -104,38 +99,14 @@ class TableState:
             # Versions a cleanup removed were left out by load_versions.
             return [self._infos[loc.version] for loc in locations if loc.version in self._infos]
 
-    def find_idempotency_key(
-        self, key: str, horizon: int | None = None, *, since: int = 0
-    ) -> int | None:
-        """The newest version after ``since`` committed with idempotency ``key``, or None.
+    def find_idempotency_key(self, key: str, *, since: int = 0) -> int | None:
+        """The version committed with idempotency ``key``, or None: its key item
+        (``s3+ddb://`` tables; however old the version, cleaned up or not), else the
+        history after ``since``, every version of it, each read at most once per
+        process (see :mod:`lancetx.keys`)."""
+        from lancetx.keys import find_committed_key
 
-        Looks at the newest ``horizon`` versions (default
-        :data:`IDEMPOTENCY_HORIZON`; None in the call means the default, 0 means all),
-        newest first, reading each version at most once per process and stopping at
-        the first match. (Versions committed after a commit's read version are
-        checked by the commit loop itself, whatever their number.)"""
-        from lancetx.history import HISTORY_PARALLELISM, load_versions
-
-        handler, base = self.conn.handler, self.conn.base
-        limit = IDEMPOTENCY_HORIZON if horizon is None else horizon
-        locations = sorted(
-            (loc for loc in handler.list_versions(base, since) if loc.version > since),
-            key=lambda loc: -loc.version,
-        )
-        if limit:
-            locations = locations[:limit]
-        for start in range(0, len(locations), HISTORY_PARALLELISM):
-            batch = locations[start : start + HISTORY_PARALLELISM]
-            with self._lock:
-                missing = [loc for loc in batch if loc.version not in self._infos]
-            loaded = load_versions(handler, base, missing)
-            with self._lock:
-                self._infos.update((info.version, info) for info in loaded)
-                infos = [self._infos[loc.version] for loc in batch if loc.version in self._infos]
-            for info in infos:
-                if info.idempotency_key == key:
-                    return info.version
-        return None
+        return find_committed_key(self.conn.handler, self.conn.base, key, since=since)
 
     def require_parent(self) -> Parent:
         parent = self.parent if self.parent is not None else self.refresh()
@@ -213,4 +184,4 @@ class TableState:
         return pylance_options(self.conn.storage_options) or None
 
 
-__all__ = ["IDEMPOTENCY_HORIZON", "TableState", "pylance_options"]
+__all__ = ["TableState", "pylance_options"]

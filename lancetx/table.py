@@ -467,8 +467,10 @@ class Table(TableVerbs[int]):
         return self.history()
 
     def find_idempotency_key(self, key: str) -> int | None:
-        """The version committed with idempotency key ``key`` (newest first), or None."""
-        return self._state.find_idempotency_key(key, horizon=0)
+        """The version committed with idempotency key ``key``, or None: from its key
+        item on an ``s3+ddb://`` table (also when cleanup has removed that version),
+        else from the table's history, every version of it."""
+        return self._state.find_idempotency_key(key)
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
         if self._pinned is not None:

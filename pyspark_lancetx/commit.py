@@ -334,7 +334,20 @@ def _discard_unreferenced(job: JobCommit, fragments: list[dict[str, Any]], versi
     """Remove the job's files that ``version`` (the one holding the job) does not reference:
     the files of a re-run; none when the version is this very job's own lost-answer commit."""
     conn = connect(job.plan.uri, job.plan.storage_options)
-    parent = load_parent(conn.handler, conn.base, version)
+    try:
+        parent = load_parent(conn.handler, conn.base, version)
+    except LancetxError as exc:
+        # The version holding the job cannot be read (cleanup removed it since): which
+        # files it referred to cannot be told, so none is deleted (gc removes orphans).
+        log.warning(
+            "job %s is committed as version %d of %s, which cannot be read (%s); its data "
+            "files from this run are kept",
+            job.job_id,
+            version,
+            job.plan.uri,
+            exc,
+        )
+        return
     kept = (
         {f.path for frag in parent.manifest.manifest.fragments for f in frag.files}
         if parent is not None

@@ -14,7 +14,10 @@ Invariants the steps keep:
   order); an incompatible one stops the commit with nothing of ours kept.
 * A transaction already committed since its read version — same idempotency
   key, or the very same uuid (a retry after an unknown outcome) — is never
-  committed again: that version is returned, ``deduplicated``.
+  committed again: that version is returned, ``deduplicated``. A handler that
+  claims keys (``CommitHandler.claims_keys``) also refuses a key committed at
+  any earlier version, in the claim itself (KeyAlreadyCommittedError): that
+  version is returned the same way.
 * Objects this commit wrote (its transaction file, rebased deletion files)
   are removed only when no version can reference them: after a conflict, a
   refusal or an exhausted budget, never after an unknown outcome. A staged
@@ -117,6 +120,7 @@ from lancetx.commit.handlers.interface import (
     AsyncCommitHandler,
     CommitHandler,
     CommitStateUnknownError,
+    KeyAlreadyCommittedError,
     Turns,
     VersionAlreadyExistsError,
 )
@@ -168,6 +172,10 @@ class CommitOptions:
     (``Committed.deduplicated``) instead of committing a second time. The loop
     checks before claiming and after every lost round; a transaction whose uuid
     was already committed (a retry after an unknown outcome) is found the same way.
+    A handler that claims keys refuses the key in the claim itself when it was
+    committed at any version (before ours' read version too): that version is
+    returned the same way, or, when its manifest cannot be read any more (cleanup
+    removed it), KeyAlreadyCommittedError naming it is raised.
 
     ``observer`` receives one :class:`~lancetx.commit.engine.events.CommitEvent`
     per attempt. ``table_uri`` is the URI to name the table by in logs and
@@ -369,6 +377,13 @@ def commit_steps(
         )
     except CommitStateUnknownError:
         yield from _end_turn(names, base, turn)
+        raise
+    except KeyAlreadyCommittedError as taken:
+        # The key's version cannot be read: our transaction file is unreferenced
+        # unless that version is this very transaction (same uuid, same file).
+        yield from _end_turn(names, base, turn)
+        if taken.transaction_uuid is not None and taken.transaction_uuid != ours.uuid:
+            yield from _discard(names, written)
         raise
     except LancetxError:
         yield from _end_turn(names, base, turn)
@@ -775,6 +790,25 @@ def _attempts(
                 f"the claim of version {next_version} (staged-manifest token "
                 f"{unknown.transaction_uuid}) could not be settled; the chained error says why",
             ) from unknown
+        except KeyAlreadyCommittedError as taken:
+            # Our key was committed before, at a version this loop never loaded (at
+            # any distance, or landed while we planned): that version is ours.
+            event("deduplicated", taken.version)
+            winner = yield from _load_key_winner(names, base, taken, shown)
+            if winner is None:
+                raise
+            log.info(
+                "%s: transaction %s is already committed as version %d (idempotency key "
+                "%r); not committing it again",
+                shown,
+                ours.uuid,
+                winner.version,
+                taken.key,
+            )
+            assert winner.manifest is not None  # loaded with need_manifest
+            return Committed(
+                winner.location, winner.manifest, winner.transaction, attempt, deduplicated=True
+            )
         except VersionAlreadyExistsError:
             if options.expected_version is not None:
                 event("lost", next_version)
@@ -936,6 +970,37 @@ def _is_ours(ours: Transaction, theirs: Transaction) -> bool:
         return True
     key = ours.properties.get(IDEMPOTENCY_KEY)
     return bool(key) and theirs.properties.get(IDEMPOTENCY_KEY) == key
+
+
+def _load_key_winner(
+    names: Names, base: str, taken: KeyAlreadyCommittedError, shown: str
+) -> Steps[_Loaded | None]:
+    """The version a refused key names, with its manifest and transaction; None when
+    it cannot be read (cleanup removed it): the key is committed all the same."""
+    try:
+        location: ManifestLocation = yield ResolveVersion(base, taken.version)
+        winner = yield from _load_one(names, base, location, need_manifest=True)
+    except LancetxError as exc:
+        log.info(
+            "%s: idempotency key %r is committed as version %d, which cannot be read (%s)",
+            shown,
+            taken.key,
+            taken.version,
+            exc,
+        )
+        return None
+    if winner.transaction.properties.get(IDEMPOTENCY_KEY) != taken.key:
+        raise InvalidCommitError(
+            names.uri(base),
+            f"the key item of idempotency key {taken.key!r} says version {taken.version} "
+            f"(transaction {taken.transaction_uuid}), but that version is transaction "
+            f"{winner.transaction.uuid} without the key: the key item outlived the versions "
+            "it was written with (a table deleted and written again at this path, its "
+            "DynamoDB items deleted by hand but not its key items). Delete the table's key "
+            "items (lancetx.externalstore.base.keys_base_uri names their partition) and commit "
+            "again",
+        )
+    return winner
 
 
 def _latest_version(base: str, at_least: int) -> Steps[int]:

@@ -45,6 +45,39 @@ class VersionAlreadyExistsError(CommitError):
         super().__init__(f"version {version} of {uri!r} was committed by another writer")
 
 
+class KeyAlreadyCommittedError(CommitError):
+    """The claim was refused because a commit with the same idempotency ``key``
+    already landed, as ``version`` (by transaction ``transaction_uuid``): nothing of
+    this claim was written, and its staged manifest was deleted.
+
+    The commit loop answers it with that version, ``deduplicated``. It reaches the
+    caller of ``commit_transaction`` only when that version's manifest cannot be read
+    any more (``cleanup`` removed it): the key is committed all the same, as
+    ``version``; whether that version referred to the caller's data files cannot be
+    read, so keep them (an unreferenced file is harmless; ``gc`` removes it).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        key: str,
+        version: int,
+        transaction_uuid: str | None,
+        detail: str = "",
+    ) -> None:
+        self.uri = uri
+        self.key = key
+        self.version = version
+        self.transaction_uuid = transaction_uuid
+        self.detail = detail
+        by = f" by transaction {transaction_uuid}" if transaction_uuid else ""
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"idempotency key {key!r} of {uri!r} was already committed as version {version}"
+            f"{by}; nothing new was committed{extra}"
+        )
+
+
 class CommitStateUnknownError(CommitError):
     """The outcome of a commit request could not be determined (e.g. a timeout
     after the request may have landed). The version may or may not be ours: do
@@ -91,6 +124,11 @@ class CommitHandler(abc.ABC):
     #: Whether :meth:`commit` serves the ``ticket`` it is given (with the claim,
     #: once it is won); the engine serves it after the claim otherwise.
     serves_ticket_on_claim: bool = False
+    #: Whether :meth:`commit` claims a summary's idempotency key with the version
+    #: (refusing a key committed before, at any distance: KeyAlreadyCommittedError)
+    #: and :meth:`find_key` reads it back. Without, a key is found by reading the
+    #: history before the claim and by the commit loop after it.
+    claims_keys: bool = False
 
     @abc.abstractmethod
     def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -122,7 +160,15 @@ class CommitHandler(abc.ABC):
         concurrent writers can often judge conflicts without reading manifests.
         ``ticket`` is the caller's ticket in the table's commit queue: a handler
         with a queue serves it as soon as the claim is won, before finishing the
-        commit, so the next writer in line can start (see :meth:`take_ticket`)."""
+        commit, so the next writer in line can start (see :meth:`take_ticket`).
+        A handler that :attr:`claims_keys` raises KeyAlreadyCommittedError when the
+        summary's idempotency key was committed before."""
+
+    def find_key(self, base: str, key: str) -> int | None:
+        """The version idempotency ``key`` was committed as, by the handler's own
+        record of keys (see :attr:`claims_keys`); None when it has none for ``key``."""
+        del base, key
+        return None
 
     def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
         """The manifest at ``location`` (one this handler resolved). A handler that
@@ -163,6 +209,8 @@ class AsyncCommitHandler(abc.ABC):
     store: AsyncObjectStore
     #: See :attr:`CommitHandler.serves_ticket_on_claim`.
     serves_ticket_on_claim: bool = False
+    #: See :attr:`CommitHandler.claims_keys`.
+    claims_keys: bool = False
 
     @abc.abstractmethod
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -187,6 +235,11 @@ class AsyncCommitHandler(abc.ABC):
         ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`CommitHandler.commit`."""
+
+    async def find_key(self, base: str, key: str) -> int | None:
+        """See :meth:`CommitHandler.find_key`."""
+        del base, key
+        return None
 
     async def take_ticket(self, base: str) -> Turns | None:
         """See :meth:`CommitHandler.take_ticket`."""

@@ -57,6 +57,7 @@ from typing import Any, Final
 
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.handlers.probe import PROBE_DIR
+from lancetx.externalstore.base import KEYS_SUFFIX
 from lancetx.externalstore.commit_queue import QUEUE_SUFFIX
 from lancetx.externalstore.moved import MOVED_PREFIX
 from lancetx.externalstore.store_schema import STAMP_BASE_URI
@@ -65,7 +66,7 @@ from lancetx.ops.table import OpsTable
 #: Partition of a table's idempotency-key items (``<base>`` + this suffix): written by
 #: writers claiming a commit with a key (beside its version, in one TransactWriteItems),
 #: read by every role that asks which version a key landed as, deleted by operators.
-IDEMPOTENCY_KEYS_SUFFIX: Final = "#lancetx-keys"
+IDEMPOTENCY_KEYS_SUFFIX: Final = KEYS_SUFFIX
 
 WRITER, READER, OPERATOR, DOCTOR, ADMIN = "writer", "reader", "operator", "doctor", "admin"
 ROLES: Final = (WRITER, READER, OPERATOR, DOCTOR, ADMIN)

@@ -198,3 +198,37 @@ def test_concurrent_async_deletes_of_one_fragment_rebase(env: Env) -> None:
     assert [c.rebased for c in sorted(done, key=lambda c: c.version)] == [False, True]
     values = env.dataset().to_table(columns=["i"])["i"].to_pylist()
     assert sorted(values) == [i for i in range(ROWS) if i not in (1, 2)]
+
+
+def test_an_async_claim_refuses_a_key_committed_before_the_parent(env: Env) -> None:
+    """The async handler claims the key with the version (TransactWriteItems through
+    aioboto3): a key committed before the parent the caller holds, where the commit
+    loop never looks, refuses the claim, and its version comes back deduplicated."""
+
+    async def main() -> tuple[Committed, Committed, Committed, int | None, int | None]:
+        async with env.handler() as handler:
+            read = await load_parent_async(handler, env.base)
+            assert read is not None
+            options = CommitOptions(idempotency_key="batch-9")
+            first = await commit_transaction_async(
+                handler, env.base, env.append("w", 0, read), parent=read, options=options
+            )
+            later = await commit_transaction_async(
+                handler, env.base, env.append("w", 1, first), parent=first
+            )
+            again = await commit_transaction_async(
+                handler, env.base, env.append("w", 2, later), parent=later, options=options
+            )
+            found = await handler.find_key(env.base, "batch-9")
+            absent = await handler.find_key(env.base, "batch-10")
+            return first, later, again, found, absent
+
+    first, later, again, found, absent = arun(main)
+    assert (first.version, later.version) == (2, 3)
+    assert (
+        again.deduplicated
+        and again.version == 2
+        and again.transaction.uuid == first.transaction.uuid
+    )
+    assert (found, absent) == (2, None)
+    assert [int(v["version"]) for v in env.dataset().versions()] == [1, 2, 3]

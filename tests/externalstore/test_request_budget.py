@@ -524,3 +524,71 @@ def test_nothing_newer_than_a_version_with_an_entry_is_one_query(counted: Counte
     assert counted.ops() == ["Query"]
     # A table whose history predates its entries still finds that history by listing.
     assert [v.version for v in counted.handler.list_versions(counted.conn.base, 0)] == [1]
+
+
+#: A commit with an idempotency key: its claim is one TransactWriteItems (the version
+#: item and the key item) in place of the PutItem; nothing else changes.
+KEYED_COMMIT = [
+    "PutObject",
+    "PutObject",
+    "TransactWriteItems",
+    "CopyObject",
+    "PutItem",
+    "DeleteObject",
+]
+
+
+def test_a_keyed_commit_claims_its_key_in_the_same_request(counted: Counted) -> None:
+    first = append(counted, "w", 0)
+    counted.log.clear()
+    keyed = append(counted, "w", 1, parent=first, options=CommitOptions(idempotency_key="job-1"))
+    assert keyed.version == 3 and not keyed.deduplicated
+    assert counted.ops() == KEYED_COMMIT
+    assert len(KEYED_COMMIT) == len(COMMIT)
+    counted.log.clear()
+
+    # An unkeyed commit after it sends exactly what it always did.
+    plain = append(counted, "w", 2, parent=keyed)
+    assert plain.version == 4 and counted.ops() == COMMIT
+    counted.log.clear()
+
+    # The key again, from the same held parent: the claim itself is refused (one
+    # request), the staged manifest and the transaction file are deleted, and the
+    # version the key names is read (one GetItem, one GET).
+    again = append(counted, "w", 3, parent=plain, options=CommitOptions(idempotency_key="job-1"))
+    assert again.deduplicated and again.version == 3
+    assert counted.ops() == [
+        "PutObject",  # transaction file
+        "PutObject",  # staged manifest
+        "TransactWriteItems",  # refused: the key item names version 3
+        "DeleteObject",  # the staged manifest
+        "GetItem",  # version 3's item
+        "GetObject",  # its manifest (the transaction in it)
+        "DeleteObject",  # our transaction file
+    ]
+
+
+def test_a_keyed_table_append_looks_its_key_up_in_one_get_item_and_one_query(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]]
+) -> None:
+    """Counted on the server: the look-up before a keyed append is the key item (one
+    GetItem) and the history's entries (one Query; versions lancetx claimed name their
+    key there, a version pylance wrote is read once per process); then the append,
+    whose claim is a TransactWriteItems."""
+    uri, options = table_uri
+    table = lancetx.open(uri, storage_options=options)
+    with ServerLog(legacy_aws) as log:
+        table.append(batch("t", 0, ROWS), idempotency_key="job-0")
+        # pylance's version 1 has no summary: its manifest is read, once.
+        assert sorted(log.operations()) == sorted(
+            ["GetItem", "Query", "GetObject", "HeadObject", "PutObject", *KEYED_COMMIT]
+        )
+        log.clear()
+        for seq in range(1, 3):
+            table.append(batch("t", seq, ROWS), idempotency_key=f"job-{seq}")
+            assert log.operations() == ["GetItem", "Query", "PutObject", *KEYED_COMMIT], seq
+            log.clear()
+        # Found by its key item: nothing else is sent.
+        assert table.append(batch("t", 9, ROWS), idempotency_key="job-1") == 3
+        assert log.operations() == ["GetItem"]
+    assert table.count_rows() == 4 * ROWS

@@ -43,7 +43,10 @@ class LoseClaimAnswers:
         with self.lock:
             if self.fired:
                 return _ddb_500(after_forwarding=False) if self.outage else None
-            if request.target == "PutItem" and b"attribute_not_exists" in request.body:
+            # The job's claim: its job id is an idempotency key, so the version and the
+            # key are claimed in one TransactWriteItems.
+            claim = request.target in ("PutItem", "TransactWriteItems")
+            if claim and b"attribute_not_exists" in request.body:
                 self.fired += 1
                 return _ddb_500(after_forwarding=True)
         return None
