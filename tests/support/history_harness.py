@@ -94,9 +94,6 @@ MAYBE_KEYED = ("table", "stream")
 AIO_ROLES = ("table", "stream", "fragments", "many")
 #: Rows per commit (one per streamed batch / Spark task): a commit must land whole.
 ROWS_PER_COMMIT = {"stream": 2, "spark": 2}
-#: At most this many writer processes per history (twins included).
-MAX_WRITERS = 4
-
 KINDS = ("claim", "flip", "copy", "stage", "txn", "data", "query", "getitem", "delete")
 EFFECTS = (
     "lost",
@@ -222,40 +219,47 @@ def make_schedule(seed: int) -> Schedule:
     """The schedule of history ``seed`` (a pure function of the seed)."""
     rng = random.Random(seed)
     actors: list[Actor] = []
-    writers = rng.choice((1, 2, 2, 3))
-    victim = rng.randrange(writers) if rng.randrange(KILL_ONE_IN) == 0 else None
-    interrupted = rng.randrange(writers) if rng.randrange(SIGINT_ONE_IN) == 0 else None
-    for i in range(writers):
+    # Writer processes (twins included): as many as the plain writers of old.
+    slots = rng.choice((1, 2, 2, 3))
+    victim = rng.randrange(slots) if rng.randrange(KILL_ONE_IN) == 0 else None
+    interrupted = rng.randrange(slots) if rng.randrange(SIGINT_ONE_IN) == 0 else None
+
+    def faults_of(slot: int, role: str) -> tuple[Fault, ...]:
+        faults = _faults(rng, role)
+        if slot == victim:
+            kinds = PYLANCE_KINDS if role == "pylance" else KINDS[:6]
+            kill = rng.choice(("kill", "kill-landed"))
+            faults = (*faults, Fault(_kind(rng, kinds), 1, kill))
+        if slot == interrupted and slot != victim:
+            kinds = PYLANCE_KINDS if role == "pylance" else KINDS[:8]
+            effect = rng.choice(("sigint", "sigint-landed"))
+            faults = (*faults, Fault(_kind(rng, kinds), 1, effect))
+        return faults
+
+    i = 0
+    while len(actors) < slots:
         role = rng.choices(WRITER_ROLES, weights=WRITER_WEIGHTS)[0]
         keyed = role in ALWAYS_KEYED or (role in MAYBE_KEYED and rng.random() < 0.4)
         aio = role in AIO_ROLES and rng.random() < 0.25
         appends = tuple(range(rng.choice((1, 1, 2))))
         table = 1 if rng.random() < 0.3 else 0  # used if the history has two tables
-        faults = _faults(rng, role)
-        if i == victim:
-            kinds = PYLANCE_KINDS if role == "pylance" else KINDS[:6]
-            kill = rng.choice(("kill", "kill-landed"))
-            faults = (*faults, Fault(_kind(rng, kinds), 1, kill))
-        if i == interrupted and i != victim:
-            kinds = PYLANCE_KINDS if role == "pylance" else KINDS[:8]
-            effect = rng.choice(("sigint", "sigint-landed"))
-            faults = (*faults, Fault(_kind(rng, kinds), 1, effect))
+        faults = faults_of(len(actors), role)
         actor = Actor(f"w{i}", role, appends, faults, f"w{i}", keyed, aio, table)
         actors.append(actor)
-        twin = rng.random() < 0.5
-        if keyed and twin and len(actors) < MAX_WRITERS:
+        # A twin: the same keys and rows from another process at the same moment.
+        if keyed and rng.random() < 0.6 and len(actors) < slots:
             twin_aio = role in AIO_ROLES and rng.random() < 0.25
-            actors.append(
-                dataclasses.replace(actor, name=f"w{i}t", faults=_faults(rng, role), aio=twin_aio)
-            )
+            faults = faults_of(len(actors), role)
+            actors.append(dataclasses.replace(actor, name=f"w{i}t", faults=faults, aio=twin_aio))
+        i += 1
     tables = 2 if any(a.role == "many" for a in actors) else 1
     if tables == 1:
         actors = [dataclasses.replace(a, table=0) for a in actors]
-    if rng.random() < 0.2:
+    if rng.random() < 0.15:
         actors.append(
             Actor("r0", "reader", (), _faults(rng, "reader"), table=rng.randrange(tables))
         )
-    if rng.random() < 0.25:
+    if rng.random() < 0.2:
         faults = _faults(rng, "poller")
         if rng.random() < 0.1:
             faults = (*faults, Fault(rng.choice(("copy", "flip")), 1, "kill-landed"))
