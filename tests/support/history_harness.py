@@ -90,8 +90,11 @@ ROLES = (*WRITER_ROLES, "reader", "poller", "maint")
 #: Doors that always carry a key (the Spark job id is one), and that may.
 ALWAYS_KEYED = ("fragments", "spark")
 MAYBE_KEYED = ("table", "stream")
-#: Doors with a ``lancetx.aio`` variant.
+#: Doors with a ``lancetx.aio`` variant, and how often it is drawn: an aio actor costs
+#: several times a sync one (each ``lancetx.aio`` table opens its own aiobotocore
+#: clients: service models parsed, CA bundle loaded, ~0.5 CPU-s).
 AIO_ROLES = ("table", "stream", "fragments", "many")
+AIO_SHARE = 0.15
 #: Rows per commit (one per streamed batch / Spark task): a commit must land whole.
 ROWS_PER_COMMIT = {"stream": 2, "spark": 2}
 KINDS = ("claim", "flip", "copy", "stage", "txn", "data", "query", "getitem", "delete")
@@ -240,15 +243,15 @@ def make_schedule(seed: int) -> Schedule:
     while len(actors) < slots:
         role = rng.choices(WRITER_ROLES, weights=WRITER_WEIGHTS)[0]
         keyed = role in ALWAYS_KEYED or (role in MAYBE_KEYED and rng.random() < 0.4)
-        aio = role in AIO_ROLES and rng.random() < 0.25
-        appends = tuple(range(rng.choice((1, 1, 2))))
+        aio = role in AIO_ROLES and rng.random() < AIO_SHARE
+        appends = tuple(range(rng.choice((1, 1, 1, 2))))
         table = 1 if rng.random() < 0.3 else 0  # used if the history has two tables
         faults = faults_of(len(actors), role)
         actor = Actor(f"w{i}", role, appends, faults, f"w{i}", keyed, aio, table)
         actors.append(actor)
         # A twin: the same keys and rows from another process at the same moment.
         if keyed and rng.random() < 0.6 and len(actors) < slots:
-            twin_aio = role in AIO_ROLES and rng.random() < 0.25
+            twin_aio = role in AIO_ROLES and rng.random() < AIO_SHARE
             faults = faults_of(len(actors), role)
             actors.append(dataclasses.replace(actor, name=f"w{i}t", faults=faults, aio=twin_aio))
         i += 1
