@@ -210,11 +210,26 @@ def test_the_checker_flags_what_the_new_doors_can_break() -> None:
         _judged(twins, [changed], events)
     )
     # cleanup reported removing v2: gone is fine, the key's version is not judged
-    cleaned = {**events, "m0": [{"removed": [2], "table": 0}, {"tagged": 1, "table": 0}]}
+    cleaned = {
+        **events,
+        "m0": [{"cleanup": 1, "table": 0}, {"removed": [2], "table": 0}, {"tagged": 1, "table": 0}],
+    }
     maint = Schedule(8, (*twins.actors, Actor("m0", "maint", (), ())))
     assert _judged(maint, [{**vanished, "keys": {}}], cleaned) == []
     untagged = {**vanished, "keys": {}, "versions": [3], "counts": {3: 3}}
     assert "tagged version 1 is gone" in "\n".join(_judged(maint, [untagged], cleaned))
+
+    # a cleanup that never said what it removed (killed, interrupted, failed): any
+    # version below its newest ``keep`` may be gone, no other
+    unsure = {**events, "m0": [{"cleanup": 1, "table": 0}]}
+    gone_two = {**vanished, "keys": {}, "fresh": 4, "latest": 4, "versions": [1, 3, 4]}
+    gone_two["counts"] = {1: 1, 3: 3, 4: 4}
+    assert _judged(maint, [gone_two], unsure) == []
+    gone_three = {**gone_two, "versions": [1, 2, 4], "counts": {1: 1, 2: 2, 4: 4}}
+    gone_three["keys"] = {key: [2]}
+    assert "versions missing (not removed by cleanup): [3]" in "\n".join(
+        _judged(maint, [gone_three], unsure)
+    )
 
     # commit_many: both tables or neither, each commit whole
     many = Schedule(9, (Actor("w0", "many", (0,), ()), Actor("w1", "stream", (0,), ())), 2)

@@ -275,12 +275,16 @@ def make_schedule(seed: int) -> Schedule:
             op = rng.choices(("tag", "cleanup", "gc"), weights=(2, 3, 2))[0]
             arg = {"tag": rng.random(), "cleanup": float(rng.choice((1, 2, 3))), "gc": 0.0}[op]
             steps.append((op, arg))
+        faults = _faults(rng, "maint")
+        if rng.random() < 0.25:  # the operator's process dies, or is interrupted, mid-way
+            kill = rng.choice(("kill", "kill-landed", "sigint", "sigint-landed"))
+            faults = (*faults, Fault("delete", rng.choice((1, 2)), kill))
         actors.append(
             Actor(
                 "m0",
                 "maint",
                 (),
-                _faults(rng, "maint"),
+                faults,
                 table=rng.randrange(tables),
                 steps=tuple(steps),
             )
@@ -878,6 +882,7 @@ def _judge(
     tables: list[dict[str, Any]] = checked["tables"]
     removed: dict[int, set[int]] = collections.defaultdict(set)
     removed_upto: dict[int, int] = collections.defaultdict(int)
+    unfinished: list[tuple[int, int]] = []  # cleanups that never said what they removed
     tagged: dict[int, set[int]] = collections.defaultdict(set)
     opened: list[tuple[str, int, int, int]] = []
     acks: dict[tuple[str, int], list[tuple[Actor, dict[str, Any]]]] = collections.defaultdict(list)
@@ -887,13 +892,18 @@ def _judge(
                 acks[(actor.rows_label, int(event["ack"]))].append((actor, event))
             elif "opened" in event:
                 opened.append((actor.name, event["table"], event["opened"], event["rows"]))
+            elif "cleanup" in event:
+                unfinished.append((event["table"], int(event["cleanup"])))
             elif "removed" in event:
                 removed[event["table"]].update(event["removed"])
-            elif "maybe_removed_upto" in event:
-                t = event["table"]
-                removed_upto[t] = max(removed_upto[t], event["maybe_removed_upto"])
+                unfinished.pop()
             elif "tagged" in event:
                 tagged[event["table"]].add(event["tagged"])
+    for t, keep in unfinished:
+        # It removed at most the oldest versions below the newest ``keep`` (of those before
+        # the checker's own commit).
+        if "fresh" in tables[t]:
+            removed_upto[t] = max(removed_upto[t], tables[t]["fresh"] - 1 - keep)
     outcome.opened_versions = len(opened)
     outcome.removed_versions = sum(len(v) for v in removed.values())
 

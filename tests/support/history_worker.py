@@ -613,16 +613,10 @@ def _maint(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
 
 
 def _cleanup(conn: Connection, job: dict[str, Any], keep: int) -> list[str]:
-    table = open_table(job["uri"], job["options"])
-    try:
-        report = cleanup_versions(table, keep_versions=keep)
-    except BaseException:
-        # Some versions may be gone: at most those below the newest ``keep`` now.
-        latest = 0
-        with contextlib.suppress(Exception):
-            latest = max(e.version for e in table.list_entries())
-        send(conn, {"maybe_removed_upto": latest - keep, "table": job["table"]})
-        raise
+    # Said first: if this cleanup never reports (a fault, Ctrl-C, kill -9), the judge
+    # allows any version below the newest ``keep`` to be gone.
+    send(conn, {"cleanup": keep, "table": job["table"]})
+    report = cleanup_versions(open_table(job["uri"], job["options"]), keep_versions=keep)
     send(conn, {"removed": list(report.removed_versions), "table": job["table"]})
     return [f"GcDeleteError: cleanup: {e}" for e in report.errors]
 
