@@ -49,6 +49,8 @@ class InterceptedRequest:
     body: bytes
     #: For DynamoDB, the operation from ``X-Amz-Target`` (e.g. ``PutItem``).
     target: str = ""
+    #: The client's TCP port on 127.0.0.1 (0 if unknown): tells which process sent it.
+    client_port: int = 0
 
 
 @dataclass
@@ -109,6 +111,7 @@ class _LockedApp:
                 },
                 body=body,
                 target=target.split(".", 1)[-1] if target else "",
+                client_port=int(environ.get("REMOTE_PORT") or 0),
             )
             pending = interceptor(request)
             if pending is not None and not pending.after_forwarding:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from lancetx.commit.engine.committer import CommitOptions, Committed, commit_transaction
 from lancetx.commit.engine.operations import Transaction
 from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.engine.unreferenced import Claim, release
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     InvalidCommitError,
@@ -52,8 +53,7 @@ from lancetx.commit.errors import (
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, transaction_key
-from lancetx.commit.handlers.interface import CommitHandler, CommitStateUnknownError
-from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.externalstore.base import ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection
@@ -244,10 +244,10 @@ def commit_many(
             # A lost claim names the winner: wait a random part of one round only.
             time.sleep(retry.delay(attempt, (time.perf_counter() - started) / 4))
             continue
-        except CommitStateUnknownError:
-            raise  # the claim may have landed: keep everything
-        except LancetxError:
-            _discard(prepared, staged_too=True)
+        except BaseException as error:
+            # Refused outright: nothing was claimed, delete. Unknown, Ctrl-C, a
+            # cancellation: the claim may have landed, keep everything and say so.
+            _discard(prepared, staged_too=True, error=error)
             raise
         return [_finalize(p, attempt) for p in prepared]
     last = commits[0]
@@ -309,10 +309,18 @@ def _finalize(p: _Prepared, attempt: int) -> Committed:
     return Committed(location, p.done.manifest, p.done.transaction, attempt)
 
 
-def _discard(prepared: Sequence[_Prepared], *, staged_too: bool = False) -> None:
+def _discard(
+    prepared: Sequence[_Prepared],
+    *,
+    staged_too: bool = False,
+    error: BaseException | None = None,
+) -> None:
     """Remove what a round wrote for tables that were not committed: the
     transaction file, deletion files a rebase merged, and (if asked) the staged
-    manifest."""
+    manifest — unless ``error`` leaves the claim open (see
+    :mod:`lancetx.commit.engine.unreferenced`): then all is kept, and said so on it.
+    The tables' data files are the caller's, never deleted here."""
+    claim = _claim_of(prepared)
     for p in prepared:
         store = p.handler.store
         base = p.commit.connection.base
@@ -322,7 +330,25 @@ def _discard(prepared: Sequence[_Prepared], *, staged_too: bool = False) -> None
         )
         if staged_too:
             keys.append(p.staged.entry.path)
-        _delete_quietly(store, keys)
+        callers = len(getattr(p.commit.transaction.operation, "added_fragments", ()))
+        release(keys, error, delete=store.delete, describe=store.uri, claim=claim, callers=callers)
+
+
+def _claim_of(prepared: Sequence[_Prepared]) -> Claim:
+    """What settles a multi-table claim: its first table's entry and transaction."""
+    if not prepared:
+        return Claim()
+    first = prepared[0]
+    versions = " and ".join(
+        f"version {p.staged.entry.version} of {p.commit.uri!r}" for p in prepared
+    )
+    return Claim(
+        table_uri=first.commit.uri,
+        version=first.staged.entry.version,
+        transaction_uuid=first.done.transaction.uuid,
+        entry_base=first.staged.entry.base_uri,
+        what=f"the all-or-nothing claim of {versions}",
+    )
 
 
 def _deletion_keys(base: str, txn: Transaction) -> set[str]:
@@ -332,11 +358,3 @@ def _deletion_keys(base: str, txn: Transaction) -> set[str]:
         for f in fragments
         if f.HasField("deletion_file")
     }
-
-
-def _delete_quietly(store: ObjectStore, keys: Sequence[str]) -> None:
-    for key in keys:
-        try:
-            store.delete(key)
-        except LancetxError as exc:  # an orphan is harmless: nothing references it
-            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)

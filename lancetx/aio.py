@@ -32,6 +32,7 @@ from lancetx.commit.engine.committer import (
     load_parent,
     load_parent_async,
 )
+from lancetx.commit.engine.unreferenced import may_delete
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
 from lancetx.commit.storage.limits import ReadLimits
@@ -159,9 +160,19 @@ async def _drive(
             elif isinstance(effect, Commit):
                 send = await _commit(state, handler, effect)
             elif isinstance(effect, Discard):
-                await asyncio.to_thread(discard, conn.handler.store, effect.keys)
+                await _discard(conn.handler.store, effect)
         except BaseException as exc:  # thrown into the steps, which decide
             error = exc
+
+
+async def _discard(store: Any, effect: Discard) -> None:
+    def run() -> None:
+        discard(store, effect.keys, effect.error, claim=effect.claim, callers=effect.callers)
+
+    if may_delete(effect.error):
+        await asyncio.to_thread(run)
+    else:
+        run()  # keeping does no I/O: no await while a cancellation unwinds
 
 
 class AsyncTable(TableVerbs[Awaitable[int]]):
@@ -242,10 +253,15 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return self._drive(plan, args, flags or VerbFlags())
 
     async def _drive(self, plan: Plan, args: CommitArgs, flags: VerbFlags) -> int:
+        return (await self._run_result(plan, args, flags)).version
+
+    async def _run_result(self, plan: Plan, args: CommitArgs, flags: VerbFlags) -> CommitResult:
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
         handler = await self._commit_handler()
         result = await run_verb_async(self._state, plan, args, flags, handler)
         self.last_commit = result
-        return result.version
+        return result
 
     def writer(
         self,
@@ -265,7 +281,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
             _args(commit_message, properties, idempotency_key, expected_version),
             write_params,
         )
-        return AsyncTableWriter(sync_writer, self._run)
+        return AsyncTableWriter(sync_writer, self._run_result)
 
     async def latest_version(self) -> int:
         """The table's latest version, resolved now."""

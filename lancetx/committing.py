@@ -6,8 +6,11 @@ knows, commits it through the commit loop, and — for verbs that can be re-plan
 (delete/update by predicate, merge_insert, compact) — plans again against the new
 latest version when the loop reports a retryable conflict, a bounded number of
 times. Data files a plan wrote that no committed version references (the plan lost,
-failed, or a rebase superseded them) are deleted; after an unknown outcome nothing
-is deleted.
+was refused, or a rebase or an earlier commit of the same key superseded them) are
+deleted; after an unknown outcome, or any other exception while the claim may have
+been in flight (``KeyboardInterrupt``, cancellation), nothing is deleted and the
+error says which files were kept and what settles the outcome (the rule lives in
+:mod:`lancetx.commit.engine.unreferenced`).
 
 The pieces that do not wait on I/O (options, cleanup lists, the re-plan decision) are
 shared with the async driver in :mod:`lancetx.aio`.
@@ -39,10 +42,10 @@ from lancetx.commit.engine.operations import (
     Update,
 )
 from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.engine.unreferenced import Claim, release
 from lancetx.commit.errors import (
     DatasetNotFoundError,
     ExpectedVersionMismatchError,
-    LancetxError,
     RetryableConflictError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
@@ -196,13 +199,37 @@ def new_objects(base: str, txn: Transaction, parent: Parent | None) -> set[str]:
     return mine - existing
 
 
-def discard(store: ObjectStore, keys: Iterable[str]) -> None:
-    """Delete objects nothing references (best effort: an orphan is harmless)."""
-    for key in sorted(keys):
-        try:
-            store.delete(key)
-        except LancetxError as exc:
-            log.warning("could not delete unreferenced %s (%s)", store.uri(key), exc)
+def discard(
+    store: ObjectStore,
+    keys: Iterable[str],
+    error: BaseException | None = None,
+    *,
+    claim: Claim | None = None,
+    callers: int = 0,
+) -> bool:
+    """Delete objects a commit wrote if the way it ended (``error``; None: refused,
+    never sent, superseded) proves no version references them; else keep them and say
+    so on ``error`` (see :func:`lancetx.commit.engine.unreferenced.release`). Deleting
+    is best effort: an orphan is harmless. Returns True when they were deleted."""
+    return release(
+        keys,
+        error,
+        delete=store.delete,
+        describe=store.uri,
+        claim=claim,
+        callers=callers,
+    )
+
+
+def claim_of(state: TableState, txn: Transaction | None, args: CommitArgs) -> Claim:
+    """What settles the outcome of committing ``txn`` to the table of ``state``."""
+    external = state.uri.lower().startswith("s3+ddb://")
+    return Claim(
+        table_uri=state.uri,
+        transaction_uuid=txn.uuid if txn is not None else None,
+        idempotency_key=args.idempotency_key,
+        entry_base=state.conn.base if external else None,
+    )
 
 
 def should_replan(
@@ -248,9 +275,14 @@ class Commit:
 
 @dataclass(frozen=True)
 class Discard:
-    """Effect: delete objects nothing references."""
+    """Effect: delete objects a commit wrote, if ``error`` (None: nothing references
+    them) proves its claim did not land; else keep them and say so (:func:`discard`)."""
 
     keys: frozenset[str]
+    error: BaseException | None = None
+    claim: Claim | None = None
+    #: Data files of the caller's the commit carried (never deleted; named if kept).
+    callers: int = 0
 
 
 Effect = FindKey | LoadLatest | RunPlan | Commit | Discard
@@ -387,11 +419,13 @@ def _one_round(
     wrote = frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
     try:
         committed: Committed = yield Commit(txn, parent, options)
-    except CommitStateUnknownError:
-        raise  # our files may be referenced by a version that landed: keep them
+    except CommitStateUnknownError as unknown:
+        # Our files may be referenced by a version that landed: kept, and said so.
+        yield _release(state, txn, args, flags, wrote, unknown)
+        raise
     except KeyAlreadyCommittedError as taken:
-        # The key was committed before as a version whose manifest is gone (cleanup):
-        # whether it refers to our files cannot be read, so they are kept.
+        # Deduplicated, but the key's version is gone (cleanup): whether it refers to
+        # our files cannot be read, so they are kept (gc removes them if unreferenced).
         log.info("%s: %s", state.uri, taken)
         return CommitResult(taken.version, deduplicated=True, attempts=1, plans=plans)
     except ExpectedVersionMismatchError:
@@ -416,14 +450,30 @@ def _one_round(
         latest = yield LoadLatest()
         state.remember(latest)
         return _Again(latest)
-    except BaseException:
-        yield Discard(wrote)
+    except BaseException as error:
+        # Refused or never sent (an error of ours): deleted. A KeyboardInterrupt, a
+        # cancellation or a bug may have stopped us with the claim in flight: kept.
+        yield _release(state, txn, args, flags, wrote, error)
         raise
+    # Deduplicated (an earlier commit holds the key) or rebased: what the committed
+    # version does not reference is ours alone.
     leftovers = wrote - objects_of(state.conn.base, committed.transaction)
     if leftovers:
         yield Discard(leftovers)
     state.remember(committed)
     return committed
+
+
+def _release(
+    state: TableState,
+    txn: Transaction,
+    args: CommitArgs,
+    flags: VerbFlags,
+    wrote: frozenset[str],
+    error: BaseException,
+) -> Discard:
+    callers = 0 if flags.owns_data else len(objects_of(state.conn.base, txn))
+    return Discard(wrote, error, claim_of(state, txn, args), callers)
 
 
 def _follow_up(
@@ -468,7 +518,13 @@ def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) 
                     options=effect.options,
                 )
             else:
-                discard(conn.handler.store, effect.keys)
+                discard(
+                    conn.handler.store,
+                    effect.keys,
+                    effect.error,
+                    claim=effect.claim,
+                    callers=effect.callers,
+                )
         except BaseException as exc:  # thrown into the steps, which decide
             error = exc
 
@@ -490,6 +546,7 @@ __all__ = [
     "Plan",
     "PlanContext",
     "VerbFlags",
+    "claim_of",
     "discard",
     "new_objects",
     "objects_of",

@@ -473,11 +473,16 @@ class Table(TableVerbs[int]):
         return self._state.find_idempotency_key(key)
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
+        return self._run_result(plan, args, flags).version
+
+    def _run_result(
+        self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None
+    ) -> CommitResult:
         if self._pinned is not None:
             raise ReadOnlyTableError(self.uri, self._pinned)
         result = run_verb(self._state, plan, args, flags or VerbFlags())
         self.last_commit = result
-        return result.version
+        return result
 
     def writer(
         self,

@@ -16,9 +16,14 @@ What this module adds is the job's view of the outcome:
   the front door then finds the version that holds the key instead of committing
   twice; after such an attempt no data file is deleted (a version may reference
   it), and an unsettled outcome is a typed :class:`JobCommitUnknownError`;
-* a definite failure (schema mismatch, budget exhausted) removes the job's files;
+* a definite failure (schema mismatch, budget exhausted: the claim provably did
+  not land) removes the job's files; any other exception (``KeyboardInterrupt``,
+  the worker killed) leaves them, since the claim may have landed;
 * a job found already committed (a re-run with the same ``job_id``, a replayed
   micro-batch) removes the files no version references.
+
+Whether the job's files may be deleted is decided by the one rule of
+:mod:`lancetx.commit.engine.unreferenced`, here and in the data source's ``abort()``.
 
 Streams: a micro-batch is keyed by stream id (the query id, stable across restarts
 from one checkpoint) and batch id. Before committing, the stream's newest commit
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY, load_parent
+from lancetx.commit.engine.unreferenced import Claim, keep, keep_unsettled, may_delete
 from lancetx.commit.errors import LancetxError, RetriesExhaustedError, TransientObjectStoreError
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
@@ -103,8 +109,13 @@ class JobCommit:
     def idempotency_key(self) -> str:
         """The key stored with the commit and looked for before every attempt."""
         if self.stream_id is not None:
-            return f"spark-stream:{self.stream_id}:{self.batch_id}"
+            return stream_batch_key(self.stream_id, self.batch_id)
         return f"spark-job:{self.job_id}"
+
+
+def stream_batch_key(stream_id: str, batch_id: int | None) -> str:
+    """The idempotency key of one micro-batch of a stream."""
+    return f"spark-stream:{stream_id}:{batch_id}"
 
 
 @dataclass(frozen=True)
@@ -271,7 +282,7 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
             )
         except ColumnMismatchError as exc:
             if uncertain is None:
-                _discard(job, frag_json)
+                _discard(job, frag_json, exc)
             raise SparkSchemaError(uri, exc.column, exc.problem) from None
         except (CommitStateUnknownError, *_TRANSIENT) as exc:
             # The claim may have landed (a transient error may have hidden its answer
@@ -291,11 +302,17 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
                 raise JobCommitUnknownError(
                     uri, job.job_id, _version_of(uncertain), f"last error: {exc}"
                 ) from exc
-            _discard(job, frag_json)
+            _discard(job, frag_json, exc)
             raise JobCommitTimeoutError(uri, job.job_id, job.timeout, exc.attempts) from exc
-        except LancetxError:
+        except LancetxError as exc:
             if uncertain is None:
-                _discard(job, frag_json)
+                _discard(job, frag_json, exc)  # refused or never sent: deleted
+            else:  # an earlier attempt of this job may have landed
+                keep_unsettled(
+                    [_describe(job)(p) for p in fragment_file_paths(frag_json)],
+                    job_claim(job),
+                    f"an earlier attempt's outcome is unknown ({uncertain})",
+                )
             raise
         if result.deduplicated:
             log.info("job %s is already in version %d of %s", job.job_id, result.version, uri)
@@ -325,9 +342,14 @@ def _stream_batch_committed(job: JobCommit, since: int) -> tuple[int | None, int
     return find_committed(conn, job, since, latest.version), latest.version
 
 
-def _discard(job: JobCommit, fragments: list[dict[str, Any]]) -> None:
-    """Remove the job's data files: no committed version references them."""
-    _discard_paths(job, fragment_file_paths(fragments))
+def job_claim(job: JobCommit) -> Claim:
+    """What settles whether the job's commit landed: its key (the job id or batch)."""
+    return Claim(table_uri=job.plan.uri, idempotency_key=job.idempotency_key)
+
+
+def _discard(job: JobCommit, fragments: list[dict[str, Any]], error: BaseException) -> None:
+    """Remove the job's data files if ``error`` proves its claim did not land."""
+    _discard_paths(job, fragment_file_paths(fragments), error)
 
 
 def _discard_unreferenced(job: JobCommit, fragments: list[dict[str, Any]], version: int) -> None:
@@ -356,7 +378,30 @@ def _discard_unreferenced(job: JobCommit, fragments: list[dict[str, Any]], versi
     _discard_paths(job, [p for p in fragment_file_paths(fragments) if p not in kept])
 
 
-def _discard_paths(job: JobCommit, paths: list[str]) -> None:
+def _discard_paths(job: JobCommit, paths: list[str], error: BaseException | None = None) -> None:
+    """Apply the rule to the job's data files (``error`` None: provably unreferenced)."""
+    if error is not None and not may_delete(error):
+        keep(error, [_describe(job)(p) for p in paths], claim=job_claim(job))
+        return
     left = remove_data_files(job.plan, paths)
     if left:
         log.warning("job %s: could not remove %d unreferenced data file(s)", job.job_id, len(left))
+
+
+def _describe(job: JobCommit) -> Any:
+    def describe(path: str) -> str:
+        return f"{job.plan.data_uri.rstrip('/')}/data/{path}"
+
+    return describe
+
+
+def keep_after_failed_commit(job_plan: WritePlan, key: str, paths: list[str], what: str) -> None:
+    """``abort()`` after ``commit()`` raised: it runs in another worker and cannot know
+    whether the claim landed, so the job's files stay (``commit()`` itself deleted them
+    when its claim provably did not land); say which, and how to settle it."""
+    keep_unsettled(
+        [f"{job_plan.data_uri.rstrip('/')}/data/{p}" for p in paths],
+        Claim(table_uri=job_plan.uri, idempotency_key=key),
+        f"{what} was aborted after its commit failed, which cannot tell whether the claim "
+        "landed; the commit removed the files itself if it provably did not",
+    )

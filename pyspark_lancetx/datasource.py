@@ -37,7 +37,12 @@ from pyspark.sql.types import StructType
 
 from lancetx.errors import ColumnMismatchError
 from lancetx.verbs.field_ids import match_columns
-from pyspark_lancetx.commit import JobCommit, commit_job
+from pyspark_lancetx.commit import (
+    JobCommit,
+    commit_job,
+    keep_after_failed_commit,
+    stream_batch_key,
+)
 from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError
 from pyspark_lancetx.filters import conjunction, translate
 from pyspark_lancetx.options import ReadOptions, WriteOptions
@@ -163,18 +168,22 @@ def _outputs(messages: Sequence[Any]) -> list[TaskOutput]:
     return [m.output for m in messages if isinstance(m, LanceTxCommitMessage)]
 
 
-def _abort(plan: WritePlan, messages: Sequence[Any], what: str) -> None:
-    """Remove the files of a job that never reached its commit.
+def _abort(plan: WritePlan, messages: Sequence[Any], what: str, key: str | None) -> None:
+    """Remove the files of a job that never reached its commit; keep those of one
+    whose commit failed (the rule of :mod:`lancetx.commit.engine.unreferenced`).
 
-    Spark sends None for each task that failed; with every message present the
-    job failed in ``commit()``, which removed the files itself unless a version
-    may reference them — then they must stay.
+    Spark sends None for each task that failed, and calls ``commit()`` only when all
+    succeeded: so with every message present the job failed *in* ``commit()`` — in
+    another worker, possibly after its claim landed (an unknown outcome, Ctrl-C, the
+    worker killed). ``commit()`` removed the files itself when its claim provably
+    did not land; here nothing can be known, so they stay (``lancetx-sync gc``
+    collects them if no version references them).
     """
-    if messages and all(isinstance(m, LanceTxCommitMessage) for m in messages):
-        log.warning("%s aborted after its commit failed: data files left to the commit", what)
-        return
     paths = [p for out in _outputs(messages) for p in fragment_file_paths(out.fragments)]
-    left = remove_data_files(plan, paths)
+    if messages and all(isinstance(m, LanceTxCommitMessage) for m in messages):
+        keep_after_failed_commit(plan, key or "", paths, what)
+        return
+    left = remove_data_files(plan, paths)  # no claim was ever sent
     log.warning(
         "%s aborted before committing: removed %d data file(s)", what, len(paths) - len(left)
     )
@@ -195,7 +204,12 @@ class LanceTxWriter(DataSourceArrowWriter):  # type: ignore[misc]
         commit_job(self.job, _outputs(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        _abort(self.plan, messages, f"Spark job {self.job.job_id!r} writing {self.plan.uri!r}")
+        _abort(
+            self.plan,
+            messages,
+            f"Spark job {self.job.job_id!r} writing {self.plan.uri!r}",
+            self.job.idempotency_key,
+        )
 
 
 class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
@@ -255,7 +269,9 @@ class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         commit_job(job, outputs)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _abort(self.plan, messages, f"micro-batch {batchId} writing {self.plan.uri!r}")
+        stream_id = self._stream_id(messages)
+        key = stream_batch_key(stream_id, batchId) if stream_id is not None else None
+        _abort(self.plan, messages, f"micro-batch {batchId} writing {self.plan.uri!r}", key)
 
 
 # --------------------------------------------------------------------------- reading

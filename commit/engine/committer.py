@@ -20,8 +20,10 @@ Invariants the steps keep:
   version is returned the same way.
 * Objects this commit wrote (its transaction file, rebased deletion files)
   are removed only when no version can reference them: after a conflict, a
-  refusal or an exhausted budget, never after an unknown outcome. A staged
-  manifest is the handler's business (it keeps one whose claim is ambiguous).
+  refusal or an exhausted budget, never after an unknown outcome or any other
+  exception (``KeyboardInterrupt``, cancellation) — the rule and its messages
+  live in :mod:`lancetx.commit.engine.unreferenced`. A staged manifest is the
+  handler's business (it keeps one whose claim is ambiguous).
 * The budget is time (``RetryPolicy.max_elapsed``); a loser waits in
   proportion to the contention it measured (:mod:`lancetx.commit.engine.contention`).
 
@@ -97,6 +99,7 @@ from lancetx.commit.engine.operations import (
 from lancetx.commit.engine.rebase import rebase_steps
 from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.engine.txn_cache import TRANSACTIONS
+from lancetx.commit.engine.unreferenced import Claim, keep, may_delete, note_claim
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
@@ -355,7 +358,8 @@ def commit_steps(
 
     # Objects this commit wrote that no committed version references yet: removed
     # when the commit fails (or they were superseded by a rebase), so a refused or
-    # conflicting transaction leaves nothing behind. Never after an unknown outcome.
+    # conflicting transaction leaves nothing behind. Kept whenever the claim may
+    # have landed (see lancetx.commit.engine.unreferenced).
     written: list[str] = []
     counter = _Counter()
     turn = _Turn()
@@ -375,19 +379,24 @@ def commit_steps(
                 turn,
             )
         )
-    except CommitStateUnknownError:
-        yield from _end_turn(names, base, turn)
-        raise
     except KeyAlreadyCommittedError as taken:
-        # The key's version cannot be read: our transaction file is unreferenced
-        # unless that version is this very transaction (same uuid, same file).
+        # Deduplicated by the claim, the key's version unreadable: our transaction file
+        # is unreferenced unless that version is this very transaction (same file).
         yield from _end_turn(names, base, turn)
         if taken.transaction_uuid is not None and taken.transaction_uuid != ours.uuid:
             yield from _discard(names, written)
         raise
-    except LancetxError:
+    except LancetxError as error:
         yield from _end_turn(names, base, turn)
+        if not may_delete(error):
+            keep(error, [names.uri(k) for k in written], claim=_claim_of(ours, options, error))
+            raise
         yield from _discard(names, written)
+        raise
+    except BaseException as error:
+        # A signal, a cancellation or a bug, possibly with our claim in flight: no
+        # request now (the caller is leaving), and nothing deleted.
+        keep(error, [names.uri(k) for k in written], claim=_claim_of(ours, options, error))
         raise
     yield from _end_turn(names, base, turn)
     yield from _discard(
@@ -874,6 +883,12 @@ def _attempts(
             losses += 1
             yield Sleep(contention.delay(policy, losses, slot))
             continue
+        except BaseException as interrupted:
+            if not isinstance(interrupted, LancetxError):
+                # KeyboardInterrupt, cancellation, GeneratorExit…: whoever handles it
+                # must know which version's claim may have landed.
+                note_claim(interrupted, Claim(version=next_version, transaction_uuid=ours.uuid))
+            raise
         if turn.ticket is not None:
             if turn.turn_began is not None:
                 contended.worked(time.monotonic() - turn.turn_began)
@@ -922,7 +937,7 @@ class _Counter:
     def wrap(self, steps: Steps[T]) -> Steps[T]:
         """``steps``, re-yielding each effect and counting it."""
         result: Any = None
-        error: LancetxError | None = None
+        error: BaseException | None = None
         while True:
             try:
                 effect = steps.throw(error) if error is not None else steps.send(result)
@@ -934,7 +949,10 @@ class _Counter:
                 self._tick()
             try:
                 result, error = (yield effect), None
-            except LancetxError as exc:
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:  # forwarded: the steps decide (or record and re-raise)
                 result, error = None, exc
 
 
@@ -1039,6 +1057,16 @@ def _discard(names: Names, keys: Sequence[str]) -> Steps[None]:
             yield DeleteObject(key)
         except LancetxError as exc:  # an orphan is harmless: nothing references it
             log.warning("could not delete unreferenced %s (%s)", names.uri(key), exc)
+
+
+def _claim_of(ours: Transaction, options: CommitOptions, error: BaseException) -> Claim:
+    """What settles the outcome of ours, as far as the commit loop knows it."""
+    return Claim(
+        table_uri=options.table_uri,
+        version=error.version if isinstance(error, CommitStateUnknownError) else None,
+        transaction_uuid=ours.uuid,
+        idempotency_key=options.idempotency_key,
+    )
 
 
 def _as_parent(parent: Parent | Committed) -> Parent:

@@ -9,13 +9,16 @@ their own, so one implementation is driven by :func:`run` (blocking: a
 (an :class:`AsyncCommitHandler`, tasks for :class:`Gather`) — the same shape as
 :mod:`lancetx.externalstore.protocol`, one level up.
 
-Only :class:`~lancetx.commit.errors.LancetxError` is thrown back into the
-steps; anything else is a bug and propagates.
+An effect's error is thrown back into the steps: a
+:class:`~lancetx.commit.errors.LancetxError` for them to handle, anything else
+(``KeyboardInterrupt``, cancellation, a bug) only so that they can record what
+it interrupted (e.g. a claim that may have landed) before it propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- object store
@@ -216,11 +221,11 @@ class Names(Protocol):
 
 
 class _Outcome:
-    """A result or a LancetxError, to carry either across a thread or task boundary."""
+    """A result or an error, to carry either across a thread or task boundary."""
 
     __slots__ = ("error", "value")
 
-    def __init__(self, value: Any = None, error: LancetxError | None = None) -> None:
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
         self.value = value
         self.error = error
 
@@ -314,7 +319,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
             case ClaimVersion(base, version, manifest, scheme, summary, ticket):
                 location = handler.commit(base, version, manifest, scheme, summary, ticket)
                 if ticket is not None and not handler.serves_ticket_on_claim:
-                    handler.end_turn(base, ticket, version)
+                    held = ticket
+                    _serve_after_claim(lambda: handler.end_turn(base, held, version), base)
                 return location
             case TakeTicket(base):
                 return handler.take_ticket(base)
@@ -349,10 +355,19 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
             return effect  # type: ignore[no-any-return]
         try:
             result = perform(effect)
-        except LancetxError as exc:
+        except BaseException as exc:  # the steps record what it interrupted, then re-raise
             last = _Outcome(error=exc)
             continue
         last = result if isinstance(result, _Outcome) else _Outcome(result)
+
+
+def _serve_after_claim(serve: Callable[[], None], base: str) -> None:
+    """Serve a queue ticket after a won claim: the version is ours whatever happens
+    here, so an error must not turn the claim into a failed commit."""
+    try:
+        serve()
+    except LancetxError as exc:
+        log.warning("%s: could not serve our commit-queue ticket after the claim (%s)", base, exc)
 
 
 async def _claim_async(handler: AsyncCommitHandler, effect: ClaimVersion) -> ManifestLocation:
@@ -360,7 +375,12 @@ async def _claim_async(handler: AsyncCommitHandler, effect: ClaimVersion) -> Man
         effect.base, effect.version, effect.manifest, effect.scheme, effect.summary, effect.ticket
     )
     if effect.ticket is not None and not handler.serves_ticket_on_claim:
-        await handler.end_turn(effect.base, effect.ticket, effect.version)
+        try:
+            await handler.end_turn(effect.base, effect.ticket, effect.version)
+        except LancetxError as exc:  # the claim is won whatever happens here
+            log.warning(
+                "%s: could not serve our commit-queue ticket after the claim (%s)", effect.base, exc
+            )
     return location
 
 
@@ -402,7 +422,7 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
             blocking = _BlockingStore(store, asyncio.get_running_loop())
             try:
                 last = _Outcome(await asyncio.to_thread(effect.fn, blocking))
-            except LancetxError as exc:
+            except BaseException as exc:  # the steps record what it interrupted, then re-raise
                 last = _Outcome(error=exc)
             continue
         if isinstance(effect, Gather):
@@ -411,7 +431,7 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
             continue
         try:
             last = _Outcome(await performers[type(effect)](effect))
-        except LancetxError as exc:
+        except BaseException as exc:  # the steps record what it interrupted, then re-raise
             last = _Outcome(error=exc)
 
 

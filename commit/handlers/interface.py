@@ -82,7 +82,16 @@ class CommitStateUnknownError(CommitError):
     """The outcome of a commit request could not be determined (e.g. a timeout
     after the request may have landed). The version may or may not be ours: do
     not retry blindly; re-open the table and check whether the transaction with
-    ``transaction_uuid`` is present."""
+    ``transaction_uuid`` is present.
+
+    ``kept_files`` are the files the commit wrote and kept because the version may
+    refer to them (see :mod:`lancetx.commit.engine.unreferenced`); ``kept_message``
+    says which and how to settle the outcome, and is part of the message."""
+
+    #: Files the commit wrote and kept (full URIs), set as the error passes each layer.
+    kept_files: tuple[str, ...] = ()
+    #: Which files were kept and what settles the outcome (None: nothing was kept).
+    kept_message: str | None = None
 
     def __init__(self, uri: str, version: int, transaction_uuid: str | None, detail: str) -> None:
         self.uri = uri
@@ -92,6 +101,10 @@ class CommitStateUnknownError(CommitError):
             f"outcome of committing version {version} of {uri!r} is unknown ({detail}); "
             f"re-open the table and look for transaction {transaction_uuid} before retrying"
         )
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}; {self.kept_message}" if self.kept_message else text
 
 
 @dataclass(frozen=True)

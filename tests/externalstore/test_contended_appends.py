@@ -21,10 +21,21 @@ from typing import Any
 
 import lance
 import pytest
-from protocol_helpers import Tally, batch, ddb_uri, ensure_ddb_table, pylance_create, verify_history
+from claim_faults import access_key, is_claim
+from protocol_helpers import (
+    PYLANCE_LOST_EVERY_RACE,
+    Tally,
+    batch,
+    ddb_uri,
+    ensure_ddb_table,
+    lancetx_append,
+    pylance_append_landing,
+    pylance_create,
+    verify_history,
+)
 
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 APPENDS = 10
 ROWS = 5
@@ -58,7 +69,9 @@ def writer_process(
         data = batch(name, seq, ROWS)
         try:
             if conn is None:
-                lance.write_dataset(data, uri, mode="append", storage_options=options)
+                # Not lance.write_dataset: pylance's own commit budget (20 lost races)
+                # runs out under load, and the test must not depend on it.
+                pylance_append_landing(uri, options, data)
             else:
                 assert parent is not None
                 files = lance.fragment.write_fragments(data, conn.data_uri, storage_options=options)
@@ -128,3 +141,52 @@ def test_ten_writers_times_ten_appends_all_land(
     )
     lost_rounds = sum(a - 1 for r in reports for a in r["attempts"])
     print(f"{len(systems)} writers: {elapsed:.1f} s, {lost_rounds} lost rounds")
+
+
+def test_a_pylance_writer_outlasting_its_own_commit_budget_lands_exactly_once(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """The shape of the contended test's pylance writers on a loaded machine: pylance
+    loses more claim races than its own budget allows (here a budget of 1 and 3 real
+    winners, each taking the version just before pylance's claim arrives). pylance
+    alone gives up; the test's writer commits again and lands once."""
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "budget.lance", ddb_table_name)
+    pylance_create(uri, options, batch("setup", 0, ROWS))
+    conn = connect(uri, options)
+    pylance = {**options, "aws_access_key_id": "pylancewriter"}
+    winners: list[int] = []
+
+    def a_winner_first(request: InterceptedRequest) -> InterceptedResponse | None:
+        if access_key(request) == "pylancewriter" and is_claim(request) and len(winners) < 3:
+            winners.append(len(winners))
+            lancetx_append(
+                conn.handler, conn.base, conn.data_uri, options, batch("winner", len(winners), 1)
+            )
+        return None
+
+    legacy_aws.set_interceptor(a_winner_first)
+    try:
+        with pytest.raises(Exception, match=PYLANCE_LOST_EVERY_RACE):
+            ds = lance.dataset(uri, storage_options=pylance)
+            files = lance.fragment.write_fragments(
+                batch("alone", 0, ROWS), ds, mode="append", storage_options=pylance
+            )
+            lance.LanceDataset.commit(
+                uri,
+                lance.LanceOperation.Append(files),
+                read_version=ds.version,
+                storage_options=pylance,
+                max_retries=1,
+            )
+        assert pylance_append_landing(uri, pylance, batch("pylance", 0, ROWS), max_retries=1) == 5
+    finally:
+        legacy_aws.set_interceptor(None)
+    assert len(winners) == 3
+    tally = Tally()
+    tally.add("setup", 0, ROWS)
+    for seq in range(1, 4):
+        tally.add("winner", seq, 1)
+    tally.add("pylance", 0, ROWS)
+    verify_history(uri, options, conn.handler, conn.base, tally.rows, versions=5)

@@ -3,6 +3,9 @@ left behind by an abort, a close without commit, or a failing iterator."""
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,3 +125,66 @@ def test_an_iterator_error_leaves_no_manifest_and_no_file(
         api.write_table(uri, _failing(3), mode="overwrite", storage_options=options)
     assert _files(s3_client, bucket) == before
     assert lance.dataset(uri, storage_options=options).version == 1
+
+
+def test_a_key_already_committed_returns_its_version_and_removes_the_writers_files(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    """A streaming writer whose idempotency key an earlier commit holds wrote its files
+    for nothing: it returns that version (deduplicated) and deletes them."""
+    first = api.run(table.append(ids(2, start=50), idempotency_key="load-7"))
+    before = _files(s3_client, bucket)
+    w = _writer(api, table, idempotency_key="load-7", max_rows_per_file=2)
+    w.write(ids(6, start=200))
+    assert w.commit() == first == 2
+    assert _files(s3_client, bucket) == before  # no orphan left by the retried load
+    assert w.writer.result.deduplicated
+    assert lance.dataset(uri, storage_options=options).version == 2
+
+
+def _writer_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "lancetx-writer"}
+
+
+def test_a_dropped_writer_is_aborted_no_file_no_parked_thread(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    """A writer dropped without with/abort()/close() (e.g. an exception between write
+    and commit in code that forgot ``with``) is aborted when it is collected: pylance's
+    thread ends and its files are deleted."""
+    before = _files(s3_client, bucket)
+    threads = _writer_threads()
+    writer = table.writer(max_rows_per_file=2)
+    for start in range(0, 6, 2):
+        api.run(writer.write(ids(2, start=start)))
+    (thread,) = _writer_threads() - threads
+    del writer
+    gc.collect()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the writer's thread is still parked on its queue"
+    # The last reference may go in another thread (asyncio.to_thread's worker lets go
+    # of the write it ran a moment after returning): the abort runs there, so wait
+    # for its outcome (generously), not for a duration.
+    deadline = time.monotonic() + 60
+    while _files(s3_client, bucket) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _files(s3_client, bucket) == before
+    assert lance.dataset(uri, storage_options=options).version == 1
+
+
+def test_close_aborts_an_uncommitted_writer_and_is_idempotent(
+    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    before = _files(s3_client, bucket)
+    writer = table.writer(max_rows_per_file=2)
+    api.run(writer.write(ids(5)))
+    api.run(writer.close())
+    api.run(writer.close())
+    assert _files(s3_client, bucket) == before
+    with pytest.raises(lancetx.WriterClosedError, match="aborted"):
+        api.run(writer.commit())
+    committed = table.writer()
+    api.run(committed.write(ids(3, start=10)))
+    assert api.run(committed.commit()) == 2
+    api.run(committed.close())  # after a commit: nothing to do
+    assert pylance_rows(uri, options, 2)["id"] == [0, 1, 10, 11, 12]
