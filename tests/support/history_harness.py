@@ -271,9 +271,9 @@ def make_schedule(seed: int) -> Schedule:
         steps: list[tuple[str, float]] = []
         for _ in range(rng.choice((1, 2, 2))):
             # writers commit from about half a second to a few seconds in
-            steps.append(("sleep", rng.choice((0.0, 0.3, 0.8, 1.5))))
+            steps.append(("sleep", rng.choice((0.2, 0.6, 1.2, 2.0))))
             op = rng.choices(("tag", "cleanup", "gc"), weights=(2, 3, 2))[0]
-            arg = {"tag": rng.random(), "cleanup": float(rng.choice((1, 2, 3))), "gc": 0.0}[op]
+            arg = {"tag": rng.random(), "cleanup": float(rng.choice((1, 1, 2))), "gc": 0.0}[op]
             steps.append((op, arg))
         faults = _faults(rng, "maint")
         if rng.random() < 0.25:  # the operator's process dies, or is interrupted, mid-way
