@@ -10,7 +10,7 @@ Profiles (environment variables):
 * ``LANCETX_HISTORY_SEEDS=5,17`` — replay exactly these seeds;
 * ``LANCETX_HISTORY_WORKERS`` / ``LANCETX_HISTORY_PARALLEL`` — pool size / histories at once;
 * ``LANCETX_HISTORY_VERBOSE=1`` — print every actor's run (seconds, faults, errors, what
-  it reported) and the checker's view, for replaying a seed.
+  it reported) and the checker's view, for replaying a seed (``=2``: and each actor's log).
 
 A failing seed prints the command that replays it.
 """

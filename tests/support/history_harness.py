@@ -663,9 +663,14 @@ def _options(world: World, key: str) -> dict[str, str]:
     return options
 
 
+#: ``LANCETX_HISTORY_VERBOSE=2``: actors return lancetx's log too (for a replay).
+LOG_ACTORS = os.environ.get("LANCETX_HISTORY_VERBOSE") == "2"
+
+
 def _job(actor: Actor, uris: list[str], options: dict[str, str]) -> dict[str, Any]:
     """What a worker is told to do as ``actor``."""
     job: dict[str, Any] = {
+        "log": LOG_ACTORS,
         "role": actor.role,
         "actor": actor.name,
         "label": actor.rows_label,
@@ -804,6 +809,7 @@ def _account(outcome: Outcome, r: _Ran) -> None:
         f"{actor.name} ({actor.kind}) {result.get('wall', 0.0):.1f} s {' '.join(ended)} "
         f"fired {r.fired} errors {result.get('errors', [])} {result.get('error', '')} "
         f"reported {result.get('events', [])}"
+        + "".join(f"\n      {line}" for line in result.get("log", []))
     )
     outcome.cpu[actor.kind] += result.get("cpu", 0.0)
     outcome.requests[actor.kind] += r.requests

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -125,6 +126,7 @@ def serve(conn: Connection) -> None:
         started, wall = time.process_time(), time.monotonic()
         before = set(threading.enumerate())
         result: dict[str, Any]
+        log = _capture_log() if job.get("log") else None
         try:
             _deferred = False
             _armed = True
@@ -132,6 +134,8 @@ def serve(conn: Connection) -> None:
                 result = JOBS[job["job"]](job, conn)
             finally:
                 _armed = False
+                if log is not None:
+                    logging.getLogger().removeHandler(log)
         except Exception as exc:  # reported, the worker lives on
             result = {"error": _describe(exc)}
         except BaseException as exc:  # Ctrl-C, a cancellation: threads may still run
@@ -140,7 +144,34 @@ def serve(conn: Connection) -> None:
                 result["dirty"] = True  # one of them is still running: replace me
         _deferred = False
         cpu, wall = time.process_time() - started, time.monotonic() - wall
+        if log is not None:
+            result["log"] = log.lines
         send(conn, {"done": True, "cpu": cpu, "wall": wall, **result})
+
+
+class _Lines(logging.Handler):
+    """lancetx's log records of one job, with seconds since the job began."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.began = time.monotonic()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        at = time.monotonic() - self.began
+        self.lines.append(
+            f"{at:6.2f} {record.levelname[0]} {record.name}: {record.getMessage()}"[:400]
+        )
+
+
+def _capture_log() -> _Lines:
+    handler = _Lines()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    for name in ("botocore", "urllib3", "aiobotocore", "asyncio", "s3transfer", "aiohttp"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return handler
 
 
 def _quiet(before: set[threading.Thread]) -> bool:
