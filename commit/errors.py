@@ -301,6 +301,25 @@ class ExpectedVersionMismatchError(CommitError):
         )
 
 
+class UnfinishedParentError(CommitError):
+    """The version a commit would build on is committed but still staged, and
+    finishing it (copying its manifest to the final name, pointing its entry
+    there) failed or could not be settled. Nothing of this transaction was claimed."""
+
+    def __init__(self, uri: str, version: int, transaction_uuid: str, key: str) -> None:
+        self.uri = uri
+        self.version = version
+        self.transaction_uuid = transaction_uuid
+        self.key = key
+        super().__init__(
+            f"version {version} of {uri!r} is committed but could not be finished (its staged "
+            f"manifest {key!r} copied to its final name and its entry pointed there; the log says "
+            f"why), so transaction {transaction_uuid} was not claimed on top of it: the object "
+            "store would lag two versions behind. Nothing of it was committed; retry once the "
+            "store answers again (any reader or writer finishes the version)"
+        )
+
+
 class InvalidCommitError(CommitError):
     """A commit request that cannot be valid for this table (nothing was written)."""
 

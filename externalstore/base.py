@@ -274,14 +274,17 @@ class ExternalManifestStore(abc.ABC):
         )
 
     @abc.abstractmethod
-    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
+    def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> ManifestEntry | None:
         """Replace an existing entry (the pointer flip from staged to final path).
 
         With ``expected_path`` the replacement happens only while the entry
         still points there, so a flip never clobbers a different commit. If the
-        entry already points at ``entry.path`` this is a no-op success. Raises
-        ``EntryNotFoundError`` if there is no entry and ``EntryMismatchError``
-        if it points elsewhere.
+        entry already points at ``entry.path`` this is a no-op success that
+        returns the entry as found (another finalizer's: it may lack attributes
+        ``entry`` has); otherwise None. Raises ``EntryNotFoundError`` if there
+        is no entry and ``EntryMismatchError`` if it points elsewhere.
         """
 
     @abc.abstractmethod
@@ -358,7 +361,7 @@ class AsyncExternalManifestStore(abc.ABC):
     @abc.abstractmethod
     async def put_if_exists(
         self, entry: ManifestEntry, *, expected_path: str | None = None
-    ) -> None:
+    ) -> ManifestEntry | None:
         """See :meth:`ExternalManifestStore.put_if_exists`."""
 
     @abc.abstractmethod

@@ -44,7 +44,7 @@ from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler,
 from lancetx.commit.storage.limits import MANIFEST, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
-from lancetx.externalstore.errors import AccessDeniedError
+from lancetx.externalstore.errors import AccessDeniedError, BadEntryError
 from lancetx.externalstore.identity import (
     bucket_of,
     check_manifest,
@@ -150,7 +150,25 @@ def _explained(steps: Steps[T], base: str, store: StoreInfo, entries: object) ->
     bucket = bucket_of(store)
     table = _table(base)
     guarded = guard_bucket(steps, table, bucket, dynamodb_table=ddb_table)
-    return explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
+    explained = explain_wedge(guarded, table, uri, dynamodb_table=ddb_table, bucket=bucket)
+    return _naming_table(explained, ddb_table)
+
+
+def _naming_table(steps: Steps[T], ddb_table: str | None) -> Steps[T]:
+    """``steps``, with an item the protocol refused named with its DynamoDB table (the
+    protocol knows the table's key, not where the items live)."""
+    try:
+        return (yield from steps)
+    except BadEntryError as refused:
+        if refused.dynamodb_table is not None or ddb_table is None:
+            raise
+        raise type(refused)(
+            refused.base_uri,
+            refused.version,
+            refused.path,
+            refused.problem,
+            dynamodb_table=ddb_table,
+        ) from refused
 
 
 def _with_ticket(

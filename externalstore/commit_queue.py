@@ -28,6 +28,12 @@ Invariants:
   ``served`` only moves up (the newest ticket claimed, or ``max`` here), so a
   ticket nobody will serve is skipped as soon as any later one is served.
 * Uncontended commits never touch the queue.
+* A pylance reader that finalizes a staged version rewrites its item with
+  Lance's attributes only (``queue_ticket`` and ``claimed_at`` gone). The
+  finalizer that finds it so puts them back (see
+  :func:`~lancetx.externalstore.protocol.finalize_steps`); waiters count a
+  version that shows no ticket, after the last claim that showed one, as
+  serving the next ticket.
 
 Item: ``base_uri`` = the table's ``base_uri`` + :data:`QUEUE_SUFFIX`,
 ``version`` = 0, attributes ``issued`` (N), ``served`` (N) and

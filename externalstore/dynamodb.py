@@ -1058,7 +1058,7 @@ def _key_claim_refused(
 
 def put_if_exists_plan(
     ctx: PlanContext, entry: ManifestEntry, expected_path: str | None
-) -> Plan[None]:
+) -> Plan[ManifestEntry | None]:
     """Conditional PutItem replacing an existing entry; see ExternalManifestStore.put_if_exists."""
     params: dict[str, Any] = {
         "TableName": ctx.table,
@@ -1082,7 +1082,7 @@ def put_if_exists_plan(
     if existing is None:
         raise EntryNotFoundError(action, resource, entry.base_uri, entry.version)
     if pointer_flip_done(existing, entry):
-        return None
+        return existing
     raise EntryMismatchError(action, resource, entry, expected_path, existing)
 
 
@@ -1455,8 +1455,10 @@ class DynamoDBManifestStore(ExternalManifestStore):
     def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
         return self._run(get_key_plan(self._ctx, base_uri, key))
 
-    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
-        self._write(put_if_exists_plan(self._ctx, entry, expected_path))
+    def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> ManifestEntry | None:
+        return self._write(put_if_exists_plan(self._ctx, entry, expected_path))
 
     def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str

@@ -213,8 +213,8 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def put_if_exists(
         self, entry: ManifestEntry, *, expected_path: str | None = None
-    ) -> None:
-        await self._run(put_if_exists_plan(self._ctx, entry, expected_path))
+    ) -> ManifestEntry | None:
+        return await self._run(put_if_exists_plan(self._ctx, entry, expected_path))
 
     async def put_all_if_not_exists(
         self, entries: Sequence[ManifestEntry], *, request_token: str

@@ -291,7 +291,9 @@ class MemoryManifestStore(ExternalManifestStore):
                 action, self._resource(), entries[0], "injected: landed, then the answer was lost"
             )
 
-    def put_if_exists(self, entry: ManifestEntry, *, expected_path: str | None = None) -> None:
+    def put_if_exists(
+        self, entry: ManifestEntry, *, expected_path: str | None = None
+    ) -> ManifestEntry | None:
         fault = self._begin("put_if_exists")
         action = self._action("put_if_exists")
         with self._lock:
@@ -306,12 +308,13 @@ class MemoryManifestStore(ExternalManifestStore):
             raise EntryNotFoundError(action, self._resource(), entry.base_uri, entry.version)
         if not applied:
             if pointer_flip_done(existing, entry):
-                return
+                return existing
             raise EntryMismatchError(action, self._resource(), entry, expected_path, existing)
         if fault is not None:
             raise AmbiguousWriteError(
                 action, self._resource(), entry, "injected: landed, then the answer was lost"
             )
+        return None
 
     def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
         self._begin("list_entries")
@@ -388,8 +391,8 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
 
     async def put_if_exists(
         self, entry: ManifestEntry, *, expected_path: str | None = None
-    ) -> None:
-        self.store.put_if_exists(entry, expected_path=expected_path)
+    ) -> ManifestEntry | None:
+        return self.store.put_if_exists(entry, expected_path=expected_path)
 
     async def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
         return self.store.list_entries(base_uri, since)

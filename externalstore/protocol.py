@@ -86,11 +86,13 @@ from lancetx.externalstore.errors import (
     AmbiguousWriteError,
     EntriesExistError,
     EntryExistsError,
+    EntryMismatchError,
     EntryNotFoundError,
     InvalidRequestError,
     KeyExistsError,
     ManifestCopyMismatchError,
     ManifestMissingError,
+    ManifestSizeMismatchError,
     TableNotFoundError,
     TableSchemaError,
     UntrustedManifestPathError,
@@ -185,7 +187,9 @@ class ClaimEntries:
 
 @dataclass(frozen=True)
 class FlipEntry:
-    """Point an existing entry at ``entry.path`` if it still points at ``expected_path``."""
+    """Point an existing entry at ``entry.path`` if it still points at ``expected_path``
+    (result: None when this write replaced it; the entry as found when it already
+    pointed at ``entry.path``, e.g. finalized by another reader)."""
 
     entry: ManifestEntry
     expected_path: str
@@ -336,7 +340,9 @@ def finish_steps(staged: Staged, scheme: NamingScheme) -> Steps[CommitOutcome]:
     """Steps 3 and 4 of :func:`commit_steps` for a won claim: copy, flip, clean up."""
     table, entry, version = staged.table, staged.entry, staged.entry.version
     try:
-        finalized = yield from finalize_steps(table, entry, staged_etag=staged.etag)
+        finalized, settled = yield from finalize_outcome_steps(
+            table, entry, staged_etag=staged.etag, ours=True
+        )
     except LancetxError as exc:
         log.warning(
             "version %d of %s is committed but finalizing it failed (%s); readers will finish it",
@@ -345,7 +351,7 @@ def finish_steps(staged: Staged, scheme: NamingScheme) -> Steps[CommitOutcome]:
             exc,
         )
         return CommitOutcome(_location(entry, scheme), entry, finalized=False)
-    return CommitOutcome(_location(finalized, scheme), finalized, finalized=True)
+    return CommitOutcome(_location(finalized, scheme), finalized, finalized=settled)
 
 
 @dataclass(frozen=True)
@@ -612,36 +618,200 @@ def _ownership(
 
 
 def finalize_steps(
-    table: Table, entry: ManifestEntry, *, staged_etag: str | None = None
+    table: Table,
+    entry: ManifestEntry,
+    *,
+    staged_etag: str | None = None,
+    ours: bool = False,
+    best_effort: bool = False,
 ) -> Steps[ManifestEntry]:
     """Copy a staged manifest to its final name, verify it, flip the entry, delete the staged object.
 
     Idempotent and safe under any number of concurrent finalizers. Returns the
-    entry as it points now (at the final manifest).
+    entry as it points now (at the final manifest). ``ours``: the caller staged
+    the manifest itself (the claiming writer), so the staged object needs no
+    check before it is copied. ``best_effort`` (a reader finishing someone
+    else's version): when the copy or the flip cannot be made or settled, the
+    staged entry is returned (its manifest is kept and readable) instead of the
+    error; see :func:`finalize_outcome_steps`.
+    """
+    done, _ = yield from finalize_outcome_steps(
+        table, entry, staged_etag=staged_etag, ours=ours, best_effort=best_effort
+    )
+    return done
+
+
+def finalize_outcome_steps(
+    table: Table,
+    entry: ManifestEntry,
+    *,
+    staged_etag: str | None = None,
+    ours: bool = False,
+    best_effort: bool = False,
+) -> Steps[tuple[ManifestEntry, bool]]:
+    """:func:`finalize_steps`, also telling whether the entry is known to point at the
+    final manifest now (False, with ``best_effort`` only: it may still point at the
+    staged one, which is kept, and the entry returned is the staged one).
+
+    Nothing is copied before the item vouches for the staged object (its path
+    names this version of this table, and — unless ``ours`` — its size is that
+    object's), so a hostile item changes nothing. Only the claim is a commit:
+    finishing a claimed version is the same work whoever does it, so a write
+    here whose answer is lost (or refused) is settled by re-reading the entry,
+    never reported as a commit of the caller's.
+
+    An item that a finalizer without lancetx's attributes (pylance's full-item
+    PutItem) rewrote before us gets them back (one conditional PutItem, only in
+    that race): the commit queue's waiters read their tickets there.
     """
     validate_entry(table, entry)  # never copy from (or flip to) a path outside this version
     staged = entry.path
     final = final_key_of(table, entry)
     done = replace(entry, path=final)
-    try:
-        copied: ObjectMeta = yield CopyObject(staged, final)
-    except ObjectNotFoundError:
+    copied: ObjectMeta | None = None
+    present = True
+    if not ours:
+        # Someone else's item: it must vouch for the staged object before anything
+        # is copied over the version's final name. (Its ETag then verifies the copy,
+        # so a reader sends no more requests than without the check.)
+        checked = yield from _check_staged(table, entry)
+        present = checked is not None
+        staged_etag = checked.etag if checked is not None else None
+    if present:
+        try:
+            copied = yield CopyObject(staged, final)
+        except ObjectNotFoundError:
+            copied = None
+        except LancetxError as exc:
+            if not best_effort:
+                raise
+            # A reader that may not write (or a store failing now) still reads the
+            # committed bytes where they are; the next finalizer finishes the version.
+            log.info(
+                "could not finalize version %d of %s (%s); reading its staged manifest %s",
+                entry.version,
+                table.base_uri,
+                exc,
+                staged,
+            )
+            return entry, False
+    if copied is None:
         # Someone may have finalized and removed the staged object. Check, never assume.
         current: ManifestEntry = yield GetEntry(table.base_uri, entry.version)
         validate_entry(table, current)
         if not current.is_staged:
-            return current
+            restored = yield from _restore_attributes(done, current)
+            return restored, True
         if current.path != staged:
-            return (yield from finalize_steps(table, current))
+            return (yield from finalize_outcome_steps(table, current, best_effort=best_effort))
         try:
             copied = yield HeadObject(final)
         except ObjectNotFoundError:
             raise ManifestMissingError(table.base_uri, entry.version, staged, final) from None
         staged_etag = None  # the staged object is gone; verify by size below
     yield from _verify(table, entry, final, copied, staged_etag)
-    yield FlipEntry(done, expected_path=staged)
+    flipped = yield from _flip(table, done, staged, best_effort=best_effort)
+    if flipped is None:
+        # The final manifest holds the bytes, but the entry may still point at the
+        # staged one, which stays: say where the entry points as far as we know.
+        return entry, False
     yield from _best_effort_delete(staged)
-    return done
+    return flipped, True
+
+
+def _check_staged(table: Table, entry: ManifestEntry) -> Steps[ObjectMeta | None]:
+    """The staged object of an item someone else wrote, after checking that it is the
+    size the item records (None when it is gone). Raises ManifestSizeMismatchError
+    (nothing copied or changed) otherwise."""
+    if entry.size is None:
+        raise ManifestSizeMismatchError(
+            table.base_uri,
+            entry.version,
+            entry.path,
+            "the item has no size (Lance and lancetx always record it), so the staged manifest "
+            "it points at cannot be checked before it is copied to its final name",
+        )
+    try:
+        meta: ObjectMeta = yield HeadObject(entry.path)
+    except ObjectNotFoundError:
+        return None
+    if meta.size != entry.size:
+        raise ManifestSizeMismatchError(
+            table.base_uri,
+            entry.version,
+            entry.path,
+            f"the item records size {entry.size}, the staged manifest has {meta.size} bytes",
+        )
+    return meta
+
+
+def _flip(
+    table: Table, done: ManifestEntry, staged: str, *, best_effort: bool
+) -> Steps[ManifestEntry | None]:
+    """Point the entry at the final manifest (verified to hold the committed bytes).
+
+    Returns the entry as it points now. A flip whose answer was lost (or that
+    failed) is settled by one consistent read; when that does not show it flipped,
+    the flip's error is raised, or (``best_effort``) None is returned: the entry may
+    still point at ``staged``, which must then be kept. An entry pointing elsewhere
+    is another commit's and raises EntryMismatchError.
+    """
+    try:
+        found: ManifestEntry | None = yield FlipEntry(done, expected_path=staged)
+    except (EntryMismatchError, EntryNotFoundError):
+        raise
+    except LancetxError as exc:
+        reason: LancetxError = exc
+        try:
+            current = yield from _get_or_none(table, done.version)
+        except LancetxError as again:
+            current, reason = None, again
+        if current is None or current.path != done.path:
+            if not best_effort:
+                raise exc
+            log.info(
+                "pointing version %d of %s at its final manifest %s was not settled (%s); its "
+                "staged manifest %s is kept for the next reader to finish",
+                done.version,
+                table.base_uri,
+                done.path,
+                reason,
+                staged,
+            )
+            return None
+        found = current
+    if found is None:
+        return done  # our flip
+    return (yield from _restore_attributes(done, found))
+
+
+def _restore_attributes(ours: ManifestEntry, found: ManifestEntry) -> Steps[ManifestEntry]:
+    """``found`` (an entry already pointing at its final manifest) with the
+    attributes ``ours`` records and it lacks put back, best effort.
+
+    pylance finalizes a staged item with a PutItem of the whole item, keeping
+    only Lance's attributes: the transaction summary, the commit-queue ticket and
+    claim time, the commit token and the bucket are gone. Waiting writers need
+    them (a claim's ticket serves its turn), so whoever finalizes an entry that
+    carried them and finds them stripped writes them back, conditioned on the
+    entry still pointing at that final manifest. Returns what the entry says now
+    as far as we know.
+    """
+    if ours.summary is None or found.summary is not None or found.path != ours.path:
+        return found
+    if found.size is not None and found.size != ours.size:
+        return found  # not the commit we know of: nothing of ours to put back
+    try:
+        yield FlipEntry(ours, expected_path=ours.path)
+    except LancetxError as exc:  # the version is final either way; only the queue misses it
+        log.debug(
+            "could not restore lancetx's attributes on version %d of %s (%s)",
+            ours.version,
+            ours.base_uri,
+            exc,
+        )
+        return found
+    return ours
 
 
 def _verify(
@@ -664,7 +834,9 @@ def resolve_steps(table: Table, version: int | None = None) -> Steps[ManifestLoc
 
     One consistent read in the common case. Returns None when the external store
     has no entry for the table (or for ``version``): the caller falls back to the
-    object store (a table not yet onboarded).
+    object store (a table not yet onboarded). Finishing another writer's version
+    is best effort: when it cannot be done or settled now, the staged location is
+    returned (readable; ``alternate_key`` set), never an error about that write.
     """
     if version is None:
         entry: ManifestEntry | None = yield LatestEntry(table.base_uri)
@@ -674,7 +846,7 @@ def resolve_steps(table: Table, version: int | None = None) -> Steps[ManifestLoc
         return None
     validate_entry(table, entry)
     if entry.is_staged:
-        entry = yield from finalize_steps(table, entry)
+        entry = yield from finalize_steps(table, entry, best_effort=True)
     return _location(entry, scheme_of(table, entry))
 
 

@@ -79,7 +79,7 @@ def find_committed_key(
         if not isinstance(txn.operation, Rewrite):
             # A Rewrite's cached form carries its fragment-reuse index (the commit
             # loop adds it from the manifest); leave those to the loop.
-            TRANSACTIONS.put(uri, location, txn)
+            TRANSACTIONS.put(uri, location, txn, manifest.manifest.writer_version.library or None)
         return _key_of(txn)
 
     for start in range(0, len(unread), READ_PARALLELISM):

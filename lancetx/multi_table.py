@@ -80,8 +80,10 @@ def commit_many(
     table, the expected and the actual version, and nothing is committed.
     Conflicts are checked (and deletion vectors rebased) per table as in a
     single commit; a lost claim is retried on the new versions within
-    ``retry``. CommitStateUnknownError means the claim may have landed: look
-    for the transactions before retrying.
+    ``retry`` (a time budget), taking turns in the tables' commit queues beside
+    other writers. CommitStateUnknownError means the claim may have landed:
+    calling again with the same transactions returns the versions that landed
+    instead of committing them twice.
     """
     expected: dict[str, int] = {}
     for key, version in (expected_versions or {}).items():

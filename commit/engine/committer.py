@@ -108,6 +108,7 @@ from lancetx.commit.errors import (
     ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
+    UnfinishedParentError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.fragments import unsafe_file_paths
@@ -119,6 +120,7 @@ from lancetx.commit.format.manifest import (
 )
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import decode_transaction, transaction_file_name
+from lancetx.commit.format.versioning import LIBRARY_NAME
 from lancetx.commit.handlers.interface import (
     AsyncCommitHandler,
     CommitHandler,
@@ -146,13 +148,18 @@ __all__ = [
     "CommitOptions",
     "Committed",
     "Parent",
+    "QueueTurn",
     "RetryPolicy",
     "commit_steps",
     "commit_transaction",
     "commit_transaction_async",
+    "end_turn_steps",
+    "join_queue_steps",
     "load_parent",
     "load_parent_async",
     "load_parent_steps",
+    "turn_served",
+    "wait_turn_steps",
 ]
 
 
@@ -362,7 +369,7 @@ def commit_steps(
     # have landed (see lancetx.commit.engine.unreferenced).
     written: list[str] = []
     counter = _Counter()
-    turn = _Turn()
+    turn = QueueTurn()
     try:
         committed: Committed = yield from counter.wrap(
             _attempts(
@@ -406,7 +413,7 @@ def commit_steps(
 
 
 @dataclass
-class _Turn:
+class QueueTurn:
     """Our place in the table's commit queue, once we joined it."""
 
     ticket: int | None = None
@@ -422,7 +429,42 @@ class _Turn:
     served_at: float = 0.0
 
 
-def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -> Steps[bool]:
+def join_queue_steps(names: Names, base: str) -> Steps[QueueTurn | None]:
+    """Take a ticket in the table's commit queue, for a writer that claims outside
+    :func:`commit_steps` (``commit_many``); None when the handler keeps no queue or
+    writers outside the queue commit to the table now (see
+    :meth:`~lancetx.commit.engine.contention.TableContention.queue_fair`).
+
+    A claim whose entry records the ticket serves it; otherwise
+    :func:`end_turn_steps` must."""
+    turn = QueueTurn()
+    joined = yield from _join_queue(base, turn, contention.table_contention(names.uri(base)))
+    return turn if joined else None
+
+
+def wait_turn_steps(
+    names: Names, base: str, turn: QueueTurn, policy: RetryPolicy, since: int
+) -> Steps[None]:
+    """Wait until every ticket before ``turn``'s was served (or the queue stalls),
+    watching the versions after ``since`` (see :func:`join_queue_steps`)."""
+    contended = contention.table_contention(names.uri(base))
+    yield from _wait_for_turn(names, base, turn, contended, policy, since, None)
+
+
+def turn_served(names: Names, base: str, turn: QueueTurn, version: int) -> None:
+    """``turn``'s ticket was served by the claim of ``version`` (its entry records it)."""
+    if turn.ticket is not None:
+        contention.table_contention(names.uri(base)).saw_served(turn.ticket, version, time.time())
+    turn.ticket = None
+
+
+def end_turn_steps(names: Names, base: str, turn: QueueTurn) -> Steps[None]:
+    """Serve ``turn``'s ticket in the queue item (a turn that ends without a claim
+    recording it), unless it was served already. Errors are logged, never raised."""
+    yield from _end_turn(names, base, turn)
+
+
+def _join_queue(base: str, turn: QueueTurn, contended: contention.TableContention) -> Steps[bool]:
     """Take a ticket unless we hold one; False when the handler keeps no queue.
 
     Where the queue stands comes from two places: the queue item (tickets
@@ -454,7 +496,7 @@ def _join_queue(base: str, turn: _Turn, contended: contention.TableContention) -
 
 
 def _served_by_claims(
-    turn: _Turn, listed: list[ManifestLocation], contended: contention.TableContention
+    turn: QueueTurn, listed: list[ManifestLocation], contended: contention.TableContention
 ) -> bool:
     """Move ``turn`` on by the tickets the listed claims served; True if it moved.
     The stamps of the claims new to us time the queue's turns."""
@@ -480,14 +522,36 @@ def _served_by_claims(
     return True
 
 
+def _served_by_unmarked(turn: QueueTurn, listed: list[ManifestLocation]) -> bool:
+    """Count each listed version that shows no ticket at all (no summary) and is newer
+    than the last claim known to serve one as serving the next ticket (never ours);
+    True if it moved ``turn``.
+
+    Such an entry is mostly one of ours that a pylance reader finalized after its
+    writer's flip: pylance's full-item PutItem keeps only Lance's attributes, and
+    nobody can tell the ticket it carried. Waiting for tickets we can no longer see
+    would stand the queue still until the stall limit; counting one too many (the
+    version was an outsider's, or a claim made outside the queue) costs at worst one
+    lost round against the holder, who claims right after."""
+    assert turn.ticket is not None
+    unmarked = [loc for loc in listed if loc.summary is None and loc.version > turn.served_version]
+    served = min(turn.ticket - 1, turn.served + len(unmarked))
+    if served <= turn.served:
+        return False
+    turn.served = served
+    turn.served_version = unmarked[-1].version
+    turn.served_at = time.time()
+    return True
+
+
 def _wait_for_turn(
     names: Names,
     base: str,
-    turn: _Turn,
+    turn: QueueTurn,
     contended: contention.TableContention,
     policy: RetryPolicy,
     since: int,
-    ours: Transaction,
+    ours: Transaction | None,
 ) -> Steps[list[_Loaded] | None]:
     """Wait until every ticket before ours was served (or the queue stalls).
 
@@ -498,7 +562,7 @@ def _wait_for_turn(
     queue stands still it also reads the queue item now and then: a writer
     whose turn ended without a claim (refused, gave up) serves its ticket
     there. Returns the versions committed after ``since`` when it loaded
-    them, else None.
+    them (never without ``ours``), else None.
     """
     assert turn.ticket is not None
     last_served, last_change = turn.served, time.monotonic()
@@ -528,7 +592,8 @@ def _wait_for_turn(
         )
         seen.extend(listed)
         moved = _served_by_claims(turn, listed, contended)
-        if moved and turn.ticket - turn.served - 1 <= 0:
+        moved = _served_by_unmarked(turn, listed) or moved
+        if moved and turn.ticket - turn.served - 1 <= 0 and ours is not None:
             newer = yield from _load_listed(names, base, since, seen, ours=ours)
         elif not moved and min(standing, now - checked) > contention.queue_check_after(contended):
             # Standing still: did the holder end its turn without a claim? It
@@ -595,7 +660,7 @@ def _write_transaction(
     return serialized
 
 
-def _end_turn(names: Names, base: str, turn: _Turn) -> Steps[None]:
+def _end_turn(names: Names, base: str, turn: QueueTurn) -> Steps[None]:
     if turn.ticket is None:
         return
     ticket, turn.ticket = turn.ticket, None
@@ -615,6 +680,8 @@ class _Loaded:
     transaction: Transaction
     location: ManifestLocation
     manifest: ManifestFile | None
+    #: The library that wrote its manifest (``writer_version.library``), if known.
+    writer: str | None = None
 
 
 def _attempts(
@@ -628,7 +695,7 @@ def _attempts(
     options: CommitOptions,
     written: list[str],
     counter: _Counter,
-    turn: _Turn,
+    turn: QueueTurn,
 ) -> Steps[Committed]:
     """The retry loop of :func:`commit_steps`; records what it writes in ``written``
     and its place in the table's commit queue in ``turn``."""
@@ -751,6 +818,10 @@ def _attempts(
             # never lags more than one commit behind (a reader that does not know the
             # external store, or a copy of the directory, would see a hole otherwise).
             finished: ManifestLocation = yield ResolveVersion(base, current.version)
+            if finished.alternate_key is not None:
+                # Finishing it failed (the reader's side is best effort and said so
+                # in the log): claiming on top now would leave it behind for good.
+                raise UnfinishedParentError(uri, current.version, ours.uuid, finished.key)
             current = Parent(finished, current.manifest)
         # 2. Build, write the transaction file, encode.
         next_version = current.version + 1 if current is not None else 1
@@ -1147,9 +1218,11 @@ def _load_one(
     (``known``'s, when that is this version's, else read)."""
     uri = names.uri(base)
     if not need_manifest:
-        cached = TRANSACTIONS.get(uri, location)
-        if cached is not None:
-            return _Loaded(location.version, cached, location, None)
+        cached = TRANSACTIONS.get_with_writer(uri, location)
+        # A summary-less version is judged by its manifest's writer: a cached
+        # transaction that came without it is read again (see _outsider).
+        if cached is not None and (location.summary is not None or cached[1] is not None):
+            return _Loaded(location.version, cached[0], location, None, writer=cached[1])
     try:
         if known is not None and known.location == location:
             manifest = known.manifest
@@ -1183,8 +1256,9 @@ def _load_one(
             txn = dataclasses.replace(
                 txn, operation=dataclasses.replace(txn.operation, frag_reuse_index=reuse[0])
             )
-    TRANSACTIONS.put(uri, location, txn)
-    return _Loaded(location.version, txn, location, manifest)
+    writer = manifest.manifest.writer_version.library or None
+    TRANSACTIONS.put(uri, location, txn, writer)
+    return _Loaded(location.version, txn, location, manifest, writer=writer)
 
 
 def _load_newer(
@@ -1251,9 +1325,6 @@ def _load_listed(
             "(cleaned up, or not listed yet), so concurrent commits cannot be checked against "
             "them; re-read the table at its latest version and plan the transaction again",
         )
-    if any(loc.summary is None for loc in locations):
-        # Written by a writer that keeps no queue (pylance): see TableContention.queue_fair.
-        contention.table_contention(names.uri(base)).outsider(time.monotonic())
     newest = locations[-1].version
     loads = [
         _load_one(names, base, loc, need_manifest=loc.version == newest, known=known)
@@ -1261,7 +1332,18 @@ def _load_listed(
         if loc.version == newest or not _settled_by_summary(ours, loc.summary)
     ]
     loaded: list[_Loaded] = yield Gather(loads, LOAD_PARALLELISM)
+    if any(_outsider(ld) for ld in loaded):
+        contention.table_contention(names.uri(base)).outsider(time.monotonic())
     return sorted(loaded, key=lambda item: item.version)
+
+
+def _outsider(loaded: _Loaded) -> bool:
+    """Whether a version was committed by a writer that keeps no queue (pylance): see
+    TableContention.queue_fair. Its entry has no summary — but neither has one of
+    ours that a pylance reader finalized (its full-item PutItem keeps only Lance's
+    attributes), so the manifest's writer decides. Every summary-less version is
+    loaded (its summary cannot settle it), so this costs no request."""
+    return loaded.location.summary is None and loaded.writer != LIBRARY_NAME
 
 
 def _load_committed(

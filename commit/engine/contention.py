@@ -29,7 +29,13 @@ when the queue stands still for a while; a queue that stands still for
 ticket skips the dead one. While a writer that keeps no queue (pylance)
 commits to the table, nobody queues (:meth:`TableContention.queue_fair`):
 turns taken back to back would leave its slower attempts no gap, and it would
-give up.
+give up. Such a version is told by the library that wrote its manifest, not by
+its entry lacking lancetx's attributes: a pylance *reader* finalizing one of our
+staged versions rewrites its entry with Lance's attributes only. Whoever
+finalizes an entry and finds it stripped that way puts them back; one stripped
+after its writer's flip stays so, and waiters count each version without a
+ticket, newer than the last claim they saw serve one, as serving the next ticket
+(one too many costs a lost round; one too few, a stall).
 
 **Random backoff (handlers without a queue, or without the IAM action).** A
 loser waits a random time (full jitter) from a window sized by what it measured:

@@ -4,7 +4,8 @@
   to pylance and to the table's own entries.
 * A writer that meets contention takes a ticket and claims only once every
   ticket before it was served; its claim serves its own (the entry records
-  the ticket), and waiters learn their turn from the claims.
+  the ticket), and waiters learn their turn from the claims — also from a claim
+  whose ticket a pylance reader's finalization stripped from the entry.
 * A ticket nobody serves (its writer died) holds the queue up for the stall
   limit only; serving a later ticket skips it.
 * A turn that ends without a claim is served in the queue item, which a
@@ -232,6 +233,78 @@ def test_a_waiter_learns_its_turn_from_the_claim_before_it(
     assert tickets == [1, 2]
 
 
+def test_a_waiter_learns_its_turn_from_a_claim_whose_ticket_pylance_stripped(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first writer's claim serves ticket 1, then a pylance reader's finalization
+    rewrites its item with Lance's attributes only (after the writer's own flip:
+    nobody can put the ticket back). The waiter holding ticket 2 sees a version
+    without a ticket after the last claim that showed one, and goes: it does not
+    wait out the stall limit (30 s here) for a ticket it can no longer see."""
+    monkeypatch.setattr(contention, "MIN_STALL", 30.0)
+    monkeypatch.setattr(contention, "MIN_QUEUE_CHECK", 30.0)
+    entries, base = queued.entries, queued.conn.base
+    first = connect(queued.conn.uri, queued.options)
+    assert isinstance(first.handler, ExternalStoreCommitHandler)
+    first_commit = first.handler.commit
+    stripped = threading.Event()
+
+    def then_stripped(*args: Any, **kwargs: Any) -> Any:
+        location = first_commit(*args, **kwargs)
+        # pylance's put_if_exists: a PutItem of the whole item, Lance's attributes only.
+        entries.client.put_item(
+            TableName=entries.table_name,
+            Item={
+                "base_uri": {"S": base},
+                "version": {"N": str(location.version)},
+                "path": {"S": location.key},
+                "size": {"N": str(location.size)},
+                "committer": {"S": "lancedb"},
+            },
+            ConditionExpression="attribute_exists(base_uri) AND attribute_exists(version)",
+        )
+        stripped.set()
+        return location
+
+    monkeypatch.setattr(first.handler, "commit", then_stripped)
+    listing = queued.handler.list_versions
+
+    def list_after_the_strip(base_: str, since: int = 0) -> Any:
+        stripped.wait(30)  # our looks come after pylance's rewrite, whenever they come
+        return listing(base_, since)
+
+    monkeypatch.setattr(queued.handler, "list_versions", list_after_the_strip)
+    read_queue: list[str] = []
+    reading = entries.read_turns
+    monkeypatch.setattr(entries, "read_turns", lambda b: read_queue.append(b) or reading(b))
+    # Ours builds on version 1, read now: were it to read the latest when it starts, it
+    # could find version 2 still staged and finish it itself, putting the ticket back.
+    parent = load_parent(queued.handler, base)
+    contended(queued)
+    done: list[Committed] = []
+    writer = threading.Thread(
+        target=lambda: done.append(
+            lancetx_append(
+                first.handler, first.base, first.data_uri, queued.options, batch("first", 0, ROWS)
+            )
+        )
+    )
+    writer.start()
+    deadline = time.monotonic() + 10
+    while reading(base).issued < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the first writer holds ticket 1
+    began = time.monotonic()
+    ours = queued.append(0, parent=parent)
+    waited = time.monotonic() - began
+    writer.join()
+
+    assert done and done[0].version == 2 and ours.version == 3
+    assert entries.get(base, 2).summary is None  # the ticket of the first claim is gone
+    assert ours.attempts == 1
+    assert waited < 10, f"waited {waited:.1f} s: the stall limit, not the claim"
+    assert read_queue == []
+
+
 def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
     queued: Queued, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,8 +322,7 @@ def test_a_ticket_nobody_serves_holds_the_queue_for_the_stall_limit_only(
     # Our claim served our ticket, past the dead one: nobody waits for it again.
     entry = entries.get(base, 2)
     assert entry.summary is not None and entry.summary.ticket == dead + 1
-    # Waiting for it again would now take 30 s: the next commit must not (a bound
-    # of the stall limit itself failed on a loaded machine).
+    # Were the dead ticket waited for again, the stall limit (now 30 s) would show.
     monkeypatch.setattr(contention, "MIN_STALL", 30.0)
     began = time.monotonic()
     assert queued.append(1).version == 3

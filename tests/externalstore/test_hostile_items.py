@@ -13,7 +13,7 @@ import pytest
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table, lancetx_append, pylance_create
 
 from lancetx.commit.engine.committer import load_parent
-from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.errors import (
@@ -137,6 +137,32 @@ def other_versions_manifest(world: World) -> str:
     return "encodes version 2, not 3"
 
 
+def _staged_v3(world: World, size: int | None) -> None:
+    """Version 3's item pointing at a staged manifest (its final copy not made yet),
+    the item recording ``size`` (None: no size)."""
+    item = _legit_v3(world)
+    final = world.final(3)
+    staged = staged_manifest_key(BASE, 3, NamingScheme.V2, "44444444-4444-4444-8444-444444444444")
+    world.s3.put_object(Bucket=world.bucket, Key=staged, Body=world.body(final))
+    world.s3.delete_object(Bucket=world.bucket, Key=final)
+    item = {k: v for k, v in item.items() if k != "size"}
+    if size is not None:
+        item["size"] = {"N": str(size)}
+    world.put({**item, "path": {"S": staged}})
+
+
+def staged_wrong_size(world: World) -> str:
+    # A reader must not copy the staged object over version 3's final name before
+    # the item's size has been checked: the copy would be a change already.
+    _staged_v3(world, 123456)
+    return "size 123456"
+
+
+def staged_missing_size(world: World) -> str:
+    _staged_v3(world, None)
+    return "no size"
+
+
 CASES: list[tuple[Callable[[World], str], type[Exception]]] = [
     (dangling_final, DanglingEntryError),
     (dangling_final_pylance_item, DanglingEntryError),
@@ -147,6 +173,8 @@ CASES: list[tuple[Callable[[World], str], type[Exception]]] = [
     (truncated_manifest, CorruptManifestError),
     (corrupted_manifest, CorruptManifestError),
     (other_versions_manifest, ManifestVersionMismatchError),
+    (staged_wrong_size, ManifestSizeMismatchError),
+    (staged_missing_size, ManifestSizeMismatchError),
 ]
 
 

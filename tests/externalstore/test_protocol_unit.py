@@ -377,7 +377,7 @@ def test_finalize_after_someone_else_finished_returns_their_result() -> None:
     world.objects[final_key(5)] = MANIFEST
     entry, effects, error = drive(finalize_steps(TABLE, our_entry()), world)
     assert error is None and entry.path == final_key(5)
-    assert kinds(effects) == ["CopyObject", "GetEntry"]
+    assert kinds(effects) == ["HeadObject", "GetEntry"]
 
 
 def test_finalize_with_staged_gone_and_final_present_flips_to_the_final_object() -> None:
@@ -386,7 +386,7 @@ def test_finalize_with_staged_gone_and_final_present_flips_to_the_final_object()
     world.objects[final_key(5)] = MANIFEST
     entry, effects, error = drive(finalize_steps(TABLE, our_entry()), world)
     assert error is None and entry.path == final_key(5)
-    assert kinds(effects) == ["CopyObject", "GetEntry", "HeadObject", "FlipEntry", "DeleteObject"]
+    assert kinds(effects) == ["HeadObject", "GetEntry", "HeadObject", "FlipEntry", "DeleteObject"]
     assert world.entries[5].path == final_key(5)
 
 
@@ -396,7 +396,7 @@ def test_finalize_with_staged_and_final_gone_is_manifest_missing() -> None:
     _, effects, error = drive(finalize_steps(TABLE, our_entry()), world)
     assert isinstance(error, ManifestMissingError)
     assert error.version == 5 and error.staged == staged_key(5) and error.final == final_key(5)
-    assert kinds(effects) == ["CopyObject", "GetEntry", "HeadObject"]
+    assert kinds(effects) == ["HeadObject", "GetEntry", "HeadObject"]
     assert world.entries[5].path == staged_key(5)  # never flipped to a missing object
 
 
@@ -419,7 +419,9 @@ def test_finalize_verifies_a_copy_without_matching_etag_by_size() -> None:
         return ObjectMeta(effect.dst, -1, '"not-an-md5"')
 
     world.override(CopyObject, short_copy)
-    _, effects, error = drive(finalize_steps(TABLE, our_entry(), staged_etag=etag(MANIFEST)), world)
+    _, effects, error = drive(
+        finalize_steps(TABLE, our_entry(), staged_etag=etag(MANIFEST), ours=True), world
+    )
     assert isinstance(error, ManifestCopyMismatchError)
     assert kinds(effects) == ["CopyObject", "HeadObject"]
     assert staged_key(5) in world.objects
@@ -431,13 +433,62 @@ def test_resolve_finalizes_a_staged_latest_entry() -> None:
     world.objects[staged_key(5)] = MANIFEST
     location, effects, error = drive(resolve_steps(TABLE), world)
     assert error is None and location.key == final_key(5) and location.version == 5
+    # The staged object is checked before it is copied; its ETag verifies the copy.
     assert kinds(effects) == [
         "LatestEntry",
-        "CopyObject",
         "HeadObject",
+        "CopyObject",
         "FlipEntry",
         "DeleteObject",
     ]
+
+
+def _staged_world() -> World:
+    world = World()
+    world.entries[5] = our_entry()
+    world.objects[staged_key(5)] = MANIFEST
+    return world
+
+
+def test_a_reader_that_cannot_copy_reads_the_staged_manifest() -> None:
+    """Finishing someone else's version is best effort: a reader whose copy fails
+    (no write permission, a store failing now) reads the staged manifest."""
+    world = _staged_world()
+    world.override(
+        CopyObject,
+        lambda e: (_ for _ in ()).throw(TransientObjectStoreError("CopyObject", e.dst, "503")),
+    )
+    location, effects, error = drive(resolve_steps(TABLE), world)
+    assert error is None
+    assert location.key == staged_key(5) and location.alternate_key == final_key(5)
+    assert kinds(effects) == ["LatestEntry", "HeadObject", "CopyObject"]
+    assert world.entries[5] == our_entry()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_a_readers_flip_without_an_answer_is_settled_by_reading_the_entry(landed: bool) -> None:
+    world = _staged_world()
+
+    def lost(effect: FlipEntry) -> None:
+        if landed:
+            world.entries[5] = effect.entry
+        raise ambiguous(effect.entry)
+
+    world.override(FlipEntry, lost)
+    location, effects, error = drive(resolve_steps(TABLE), world)
+    assert error is None
+    assert world.objects[final_key(5)] == MANIFEST  # copied and verified either way
+    if landed:
+        assert location.key == final_key(5) and location.alternate_key is None
+        assert world.entries[5].path == final_key(5)
+        assert kinds(effects)[-2:] == ["GetEntry", "DeleteObject"]
+        assert staged_key(5) not in world.objects
+    else:
+        # The entry may still point at the staged manifest: it stays for the next reader.
+        assert location.key == staged_key(5) and location.alternate_key == final_key(5)
+        assert world.entries[5].path == staged_key(5)
+        assert kinds(effects)[-1] == "GetEntry"
+        assert world.objects[staged_key(5)] == MANIFEST
 
 
 def test_resolve_of_a_final_entry_is_one_read() -> None:

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from interleavings import DictWorld, Stepper
 from protocol_helpers import (
+    Crash,
+    CrashingHandler,
     FaultyObjectStore,
     batch,
     lancetx_append,
@@ -19,6 +21,7 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.errors import TransientObjectStoreError, UnfinishedParentError
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.handlers.interface import (
@@ -165,3 +168,36 @@ def test_a_stale_winner_still_converges(
     assert done.version == 4 and done.attempts == 2
     expected = {("setup", 0): ROWS, ("o", 0): ROWS, ("o", 1): ROWS, ("w", 0): ROWS}
     verify_history(path, None, handler, base, expected, versions=4)
+
+
+def test_a_writer_never_claims_on_top_of_a_version_it_could_not_finish(
+    local: tuple[str, str, FaultyObjectStore, MemoryManifestStore],
+) -> None:
+    """Version 2's writer died after its claim; reading it finishes it best effort
+    (the copy fails here, so the reader reads the staged manifest), but a writer
+    claims on top of it only once it is finished: otherwise the object store would
+    lag two versions behind for good. It raises UnfinishedParentError, naming the
+    version, with nothing claimed and nothing of its own left; once the store
+    answers again the same append lands on a finished version 2."""
+    path, base, store, entries = local
+    crashing = CrashingHandler(store, entries, crash_after=2)
+    with pytest.raises(Crash):
+        lancetx_append(crashing, base, path, None, batch("crashed", 0, ROWS))
+    (staged,) = [e for e in entries.entries() if e.version == 2]
+    assert staged.is_staged
+    handler = ExternalStoreCommitHandler(store, entries)
+    store.fail_next("copy", TransientObjectStoreError("CopyObject", "x", "injected 503"))
+    read = load_parent(handler, base)
+    assert read is not None and read.version == 2 and read.location.key == staged.path
+    store.fail_next("copy", TransientObjectStoreError("CopyObject", "x", "injected 503"))
+    before = set(store.inner.list(f"{base}/_transactions/"))
+    with pytest.raises(UnfinishedParentError) as refused:
+        lancetx_append(handler, base, path, None, batch("w", 0, ROWS), read)
+    assert refused.value.version == 2 and staged.path in str(refused.value)
+    assert [e.version for e in entries.entries()] == [1, 2]
+    assert set(store.inner.list(f"{base}/_transactions/")) == before  # its file was removed
+    done = lancetx_append(handler, base, path, None, batch("w", 0, ROWS), read)
+    assert done.version == 3
+    assert not entries.get(base, 2).is_staged
+    expected = {("setup", 0): ROWS, ("crashed", 0): ROWS, ("w", 0): ROWS}
+    verify_history(path, None, handler, base, expected, versions=3)
