@@ -1284,6 +1284,23 @@ def _load_newer(
     return (yield from _load_listed(names, base, since, locations, known, ours, until))
 
 
+def _note_served(names: Names, base: str, listed: Sequence[ManifestLocation]) -> None:
+    """Remember the newest ticket the listed claims served (their entries record it).
+
+    A writer that loses a round loads the winners, then takes a ticket; the queue
+    item knows nothing of tickets served by claims, and its looks for its turn list
+    only the versions after those it loaded. Without this it would wait for a ticket
+    a claim it had already loaded served, until the stall limit."""
+    stamped = [
+        (loc.summary.ticket, loc.version, loc.summary.claimed_at or 0.0)
+        for loc in listed
+        if loc.summary is not None and loc.summary.ticket is not None
+    ]
+    if stamped:
+        ticket, version, at = max(stamped)
+        contention.table_contention(names.uri(base)).saw_served(ticket, version, at)
+
+
 def _load_listed(
     names: Names,
     base: str,
@@ -1294,6 +1311,7 @@ def _load_listed(
     until: int | None = None,
 ) -> Steps[list[_Loaded]]:
     """:func:`_load_newer` for versions already listed."""
+    _note_served(names, base, locations)
     if until is not None:
         locations = [loc for loc in locations if loc.version <= until]
     if not locations and until is None:

@@ -442,3 +442,66 @@ def test_without_a_queue_a_round_lost_to_a_claim_made_while_we_tried_backs_off(
     ours = queued.append(0, parent=load_parent(queued.handler, queued.conn.base))
     assert raced == [2] and ours.version == 3 and ours.attempts == 2
     assert backoffs == [1]  # backed off once, after the lost round
+
+
+class _Ticketed:
+    """Another writer's handler whose claims carry ``ticket``: a writer that took it
+    in another process (its claim serves it; this process never saw it served)."""
+
+    def __init__(self, inner: ExternalStoreCommitHandler, ticket: int) -> None:
+        self._inner = inner
+        self._ticket = ticket
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        base, version, manifest, scheme, summary = args[:5]
+        return self._inner.commit(base, version, manifest, scheme, summary, self._ticket)
+
+
+def test_a_writer_that_loaded_the_claim_serving_the_ticket_ahead_goes_at_once(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen in the randomized histories: a writer lost a round to a claim made from the
+    # queue (another process's, carrying ticket 1), loaded it, then took ticket 2. The
+    # queue item still said "served 0" (claims serve their tickets in their entries),
+    # and the versions after the one it had loaded can never show ticket 1's claim:
+    # it stood still for the stall limit (8.9 s there) before going anyway.
+    monkeypatch.setattr(contention, "MIN_STALL", 30.0)
+    monkeypatch.setattr(contention, "MIN_QUEUE_CHECK", 30.0)
+    entries, base = queued.entries, queued.conn.base
+    held = entries.take_ticket(base).issued  # the other process's ticket
+    other = connect(queued.conn.uri, queued.options)
+    assert isinstance(other.handler, ExternalStoreCommitHandler)
+    claim = queued.handler.commit
+    raced: list[int] = []
+
+    def raced_by_a_queued_writer(*args: Any, **kwargs: Any) -> Any:
+        if not raced:
+            winner = lancetx_append(
+                _Ticketed(other.handler, held),  # type: ignore[arg-type]
+                other.base,
+                other.data_uri,
+                queued.options,
+                batch("w", 0, ROWS),
+            )
+            raced.append(winner.version)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(queued.handler, "commit", raced_by_a_queued_writer)
+    read_queue: list[str] = []
+    reading = entries.read_turns
+    monkeypatch.setattr(entries, "read_turns", lambda b: read_queue.append(b) or reading(b))
+    parent = load_parent(queued.handler, base)
+    began = time.monotonic()
+    ours = queued.append(0, parent=parent)
+    waited = time.monotonic() - began
+
+    assert raced == [2] and ours.version == 3 and ours.attempts == 2
+    claimed = entries.get(base, 2)
+    assert claimed.summary is not None and claimed.summary.ticket == held
+    entry = entries.get(base, 3)
+    assert entry.summary is not None and entry.summary.ticket == held + 1  # it did queue
+    assert waited < 10, f"waited {waited:.1f} s for ticket {held}, served before it queued"
+    assert read_queue == []  # it never stood still long enough to read the queue item
