@@ -58,7 +58,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.commit.errors import IdempotencyKeyCollisionError
 from lancetx.commit.format.location import TransactionSummary
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.secrets import remember_secrets

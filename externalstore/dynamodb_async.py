@@ -24,7 +24,7 @@ try:
 except ImportError as exc:  # the sync API never imports this module
     raise MissingExtraError("the asyncio DynamoDB store", "async", exc.name) from exc
 
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.externalstore.base import AsyncExternalManifestStore, KeyRecord, ManifestEntry
 from lancetx.externalstore.commit_queue import end_turn_plan, read_turns_plan, take_ticket_plan
 from lancetx.externalstore.dynamodb import (
