@@ -1,7 +1,7 @@
 """Imports point one way between the layers.
 
 protos ← commit {errors ← storage ← format ← handlers ← engine} ← externalstore
-← lancetx (front door, CLI) ← pyspark_lancetx
+← lancetx (front door, CLI) ← pyspark_lancetx ← demo (the demos, the embedded server)
 
 Every module of the source tree is parsed (not imported) and every ``import`` in
 it is checked, wherever it sits: at the top, inside a function (a lazy import)
@@ -26,9 +26,10 @@ PACKAGES = {
     "externalstore": "lancetx.externalstore",
     "lancetx": "lancetx",
     "pyspark_lancetx": "pyspark_lancetx",
+    "demo": "lancetx.demo",
 }
 
-# Lowest first; the first prefix that matches a module names its layer.
+# Lowest first; the longest prefix that matches a module names its layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("protos", ("lancetx.protos",)),
     ("commit (shared: errors)", ("lancetx.commit.errors",)),
@@ -39,6 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("externalstore", ("lancetx.externalstore",)),
     ("lancetx (front door)", ("lancetx",)),
     ("pyspark_lancetx", ("pyspark_lancetx",)),
+    # The demos and the embedded server: they compose every layer, none imports them.
+    ("demo", ("lancetx.demo",)),
 ]
 # Anything else directly under commit/ (its __init__) sits with the shared layer.
 COMMIT_ROOT = "lancetx.commit"
@@ -51,11 +54,13 @@ def layer_of(module: str) -> int | None:
         and module.split(".")[2] not in ("storage", "format", "handlers", "engine")
     ):
         return 1  # lancetx.commit and the files directly under it
-    for rank, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                return rank
-    return None
+    matches = [
+        (len(prefix), rank)
+        for rank, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    return max(matches)[1] if matches else None
 
 
 @dataclass(frozen=True)
