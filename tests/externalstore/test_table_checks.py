@@ -243,3 +243,26 @@ def test_an_asyncio_handler_makes_the_checks_of_a_sync_connection(checked: Check
     asyncio.run(append_after_the_move())
     entries = checked.connect().handler.entries  # type: ignore[attr-defined]
     assert [e.version for e in entries.list_entries(checked.connect().base)] == [1]
+
+
+def test_an_asyncio_handler_reads_the_stamp_and_the_moved_record_as_a_sync_connection_does(
+    checked: Checked,
+) -> None:
+    """The asyncio handler's checks are the sync connection's reads: the stamp and the
+    moved record in one BatchGetItem, and a store a newer lancetx stamped is refused
+    before anything is claimed."""
+    import lancetx.aio
+
+    async def append_after_a_newer_stamp() -> list[str]:
+        table = await lancetx.aio.open(checked.uri, checked.options)
+        write_stamp(checked.connect().handler.entries.client, checked.table, 99)  # type: ignore[attr-defined]
+        clear_stamp_cache()  # as a process that has not read the stamp yet
+        async with table:
+            with ServerLog(checked.aws) as log:
+                with pytest.raises(StoreSchemaTooNewError, match="layout 99"):
+                    await table.append(batch("aio", 0, ROWS))
+                return log.operations()
+
+    operations = asyncio.run(append_after_a_newer_stamp())
+    assert "BatchGetItem" in operations
+    assert not {"PutItem", "TransactWriteItems"} & set(operations)
