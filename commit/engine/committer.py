@@ -422,6 +422,15 @@ class _Attempts:
     tried_at: float = 0.0
     #: ``counter.count`` when the current attempt began.
     requests_before: int = 0
+    # Fixed for the whole commit, from the above.
+    uri: str = field(init=False)
+    #: The table as logs and events name it (the URI the user passed).
+    shown: str = field(init=False)
+    policy: RetryPolicy = field(init=False)
+    #: Ours' read version before any rebase (what events report).
+    first_read: int = field(init=False)
+    #: What this process measured of the contention on the table.
+    contended: contention.TableContention = field(init=False)
 
     def __post_init__(self) -> None:
         self.uri = self.names.uri(self.base)
