@@ -32,6 +32,25 @@ class ArgumentTypeError(LancetxError, TypeError):
         )
 
 
+class InvalidIdempotencyKeyError(LancetxError, ValueError):
+    """An idempotency key that cannot name a commit: empty (it would be taken for "no
+    key" and the commit would land again on every retry), not valid UTF-8, or longer
+    than ``limit`` bytes. Nothing was read or written."""
+
+    def __init__(self, key: str, problem: str, limit: int) -> None:
+        self.key = key
+        self.problem = problem
+        self.limit = limit
+        shown = repr(key)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        super().__init__(
+            f"idempotency key {shown} {problem}: pass a non-empty text of at most {limit} "
+            "UTF-8 bytes that names this commit (a job id, a batch id), or "
+            "idempotency_key=None for a commit without one"
+        )
+
+
 class TableError(LancetxError):
     """Base class of front-door errors; ``uri`` names the table."""
 
@@ -169,6 +188,7 @@ __all__ = [
     "ArgumentTypeError",
     "ColumnMismatchError",
     "ForeignFragmentError",
+    "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
     "PylanceCommitsItselfError",
     "ReadOnlyTableError",
