@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.externalstore.dynamodb import create_table, create_table_request, target_of
-from lancetx.externalstore.errors import error_code, translate_error
+from lancetx.externalstore.errors import InvalidConfigError, error_code, translate_error
 from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, migrate
+
+#: DynamoDB's rule for table names (3 to 255 of these characters); ``s3+ddb://`` URIs
+#: accept no other name, so a table named otherwise could never be used.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,12 @@ def create_manifest_table(
     """Create ``name`` in Lance's layout (on-demand unless capacities are given),
     wait for ACTIVE, optionally enable PITR, and stamp the lancetx store layout.
     An existing table of the right layout is accepted (and stamped)."""
+    if not _TABLE_NAME.fullmatch(name):
+        raise InvalidConfigError(
+            "table name",
+            name,
+            "DynamoDB table names are 3 to 255 letters, digits, '_', '-' or '.'",
+        )
     request = create_table_request(name)
     if read_capacity is not None or write_capacity is not None:
         request["BillingMode"] = "PROVISIONED"
