@@ -260,13 +260,8 @@ def collect_garbage(
                 progress("delete", 1)
             return None
 
-        pool = ThreadPoolExecutor(max_workers=PARALLELISM)
-        try:
+        with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
             results = list(pool.map(delete, live))
-        finally:
-            # Interrupted (Ctrl-C): the deletions already sent finish, the queued ones
-            # are dropped rather than run to the end after the operator said stop.
-            pool.shutdown(wait=True, cancel_futures=True)
         errors = [r for r in results if r is not None]
         done = [c for c, r in zip(live, results, strict=True) if r is None]
         deleted, bytes_deleted = len(done), sum(c.size for c in done)
