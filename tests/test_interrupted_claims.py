@@ -45,7 +45,14 @@ from lancetx.externalstore.embedded import EmbeddedAws
 
 SETUP_ROWS = 2
 #: Doors whose data files lancetx wrote (and so could have deleted).
-OWNS_DATA = ("writer", "async-writer", "append", "async-append", "merge_insert", "async-merge_insert")
+OWNS_DATA = (
+    "writer",
+    "async-writer",
+    "append",
+    "async-append",
+    "merge_insert",
+    "async-merge_insert",
+)
 IN_PROCESS = tuple(DOORS)
 KILLED = ("writer", "async-writer", "append", "commit_fragments", "commit_many", "merge_insert")
 

@@ -20,9 +20,11 @@ from lancetx.ops.gc import parse_age
 URI = "s3+ddb://b/t.lance?ddbTableName=T"
 
 
-@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e309", "1e20d", "99999999999w", "1000000d", "7x", ""])
+@pytest.mark.parametrize(
+    "text", ["inf", "-inf", "nan", "1e309", "1e20d", "99999999999w", "1000000d", "7x", ""]
+)
 def test_parse_age_refuses_what_is_no_age(text: str) -> None:
-    with pytest.raises(ValueError, match="is not an age|too large|negative"):
+    with pytest.raises(ValueError, match=r"is not an age|too large|negative"):
         parse_age(text)
 
 

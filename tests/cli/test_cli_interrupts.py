@@ -98,15 +98,19 @@ def every_listed_version_opens(table: DdbTable) -> dict[int, int]:
     rows: dict[int, int] = {}
     for info in latest.versions():
         version = int(info["version"])
-        rows[version] = lance.dataset(
-            table.uri, version=version, storage_options=table.options
-        ).to_table().num_rows
+        rows[version] = (
+            lance.dataset(table.uri, version=version, storage_options=table.options)
+            .to_table()
+            .num_rows
+        )
     listed = sorted(rows)
     assert listed == list(range(listed[0], latest.version + 1)), listed
     return rows
 
 
-def overwritten_table(aws: EmbeddedAws, bucket: str, ddb_table_name: str, versions: int) -> DdbTable:
+def overwritten_table(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str, versions: int
+) -> DdbTable:
     """``versions`` versions, each an overwrite: every version but the latest has data
     files of its own, which cleanup deletes."""
     table = make_table(aws, bucket, ddb_table_name, versions=1)
@@ -193,7 +197,9 @@ def test_cleanup_interrupted_leaves_a_readable_table_and_the_next_run_finishes(
 
     again = run_cli(aws, "cleanup", table.uri, "--keep-versions", "2", "--json")
     assert again.code == 0, again.stdout + again.stderr
-    remaining = [v["version"] for v in lance.dataset(table.uri, storage_options=table.options).versions()]
+    remaining = [
+        v["version"] for v in lance.dataset(table.uri, storage_options=table.options).versions()
+    ]
     assert remaining == [7, 8], remaining
     assert read_versions(table.uri, table.options, [8]) == latest
     # What the interrupted run had unlinked but not deleted is gc's (files no version

@@ -68,8 +68,9 @@ def test_a_reserved_path_is_refused_before_any_request(
     ddb = boto3.client("dynamodb", **aws.client_kwargs())
     create_table(ddb, ddb_table_name)
     options = aws.pylance_storage_options()
-    lancetx.write_table(_uri(bucket, "t.lance", ddb_table_name), pa.table({"x": [1]}),
-                        storage_options=options).append(pa.table({"x": [2]}), idempotency_key="k")
+    lancetx.write_table(
+        _uri(bucket, "t.lance", ddb_table_name), pa.table({"x": [1]}), storage_options=options
+    ).append(pa.table({"x": [2]}), idempotency_key="k")
     before = ddb.scan(TableName=ddb_table_name)["Items"]
     uri = _uri(bucket, RESERVED[kind], ddb_table_name)
     with pytest.raises(InvalidUriError, match="reserved"):
@@ -85,8 +86,13 @@ def test_a_reserved_path_is_refused_before_any_request(
 
 def test_the_cli_refuses_a_reserved_path_as_a_usage_error(aws: EmbeddedAws) -> None:
     done = run_cli(
-        aws, "iam-policy", _uri("b", RESERVED["moved"], "T"),
-        "--account", "123456789012", "--region", "us-east-1",
+        aws,
+        "iam-policy",
+        _uri("b", RESERVED["moved"], "T"),
+        "--account",
+        "123456789012",
+        "--region",
+        "us-east-1",
     )
     assert done.code == 2, done.stdout + done.stderr
     assert "reserved" in done.stderr and "Statement" not in done.stdout

@@ -153,7 +153,9 @@ def test_a_job_id_that_cannot_be_an_idempotency_key_is_refused_on_the_driver() -
 
     huge = "j" * (MAX_IDEMPOTENCY_KEY_BYTES + 1)
     for name in ("job_id", "stream_id"):
-        with pytest.raises(SparkOptionError, match=rf"option '{name}'.*at most \d+ UTF-8 bytes") as info:
+        with pytest.raises(
+            SparkOptionError, match=rf"option '{name}'.*at most \d+ UTF-8 bytes"
+        ) as info:
             WriteOptions.parse({"path": "/t", name: huge})
         assert len(str(info.value)) < 500
     odd = "job/1?x=%2F#key#ключ"

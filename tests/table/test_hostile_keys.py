@@ -58,7 +58,10 @@ def _writer(table: Table, key: str) -> Any:
 
 def _commit_fragments(table: Table, key: str) -> Any:
     return lancetx.commit_fragments(
-        table.uri, [], schema=ids(1).schema, storage_options=table.storage_options,
+        table.uri,
+        [],
+        schema=ids(1).schema,
+        storage_options=table.storage_options,
         idempotency_key=key,
     )
 
