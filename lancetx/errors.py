@@ -51,6 +51,17 @@ class InvalidIdempotencyKeyError(LancetxError, ValueError):
         )
 
 
+class InvalidWriteParamError(LancetxError, TypeError, ValueError):
+    """A write parameter (``**write_params`` of append, overwrite, write_table and the
+    streaming writer, handed to ``lance.fragment.write_fragments``) that cannot be
+    used: lancetx's own, unknown to pylance, or a bad value. Nothing was written."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name = name
+        self.problem = problem
+        super().__init__(f"write parameter {name!r}: {problem}")
+
+
 class TableError(LancetxError):
     """Base class of front-door errors; ``uri`` names the table."""
 
@@ -189,6 +200,7 @@ __all__ = [
     "ColumnMismatchError",
     "ForeignFragmentError",
     "InvalidIdempotencyKeyError",
+    "InvalidWriteParamError",
     "InvalidPredicateError",
     "PylanceCommitsItselfError",
     "ReadOnlyTableError",

@@ -54,7 +54,7 @@ from lancetx.convert import to_fragment
 from lancetx.data import check_append_schema
 from lancetx.errors import SchemaMismatchError, WriterClosedError
 from lancetx.protos import table_pb2
-from lancetx.verbs.writing import fragment_files
+from lancetx.verbs.writing import check_write_params, fragment_files
 
 if TYPE_CHECKING:
     from lancetx.table import Table
@@ -166,6 +166,7 @@ class TableWriter:
     """A single-pass writer committing one Append (see the module docstring)."""
 
     def __init__(self, table: Table, args: CommitArgs, write_params: Mapping[str, Any]) -> None:
+        check_write_params(write_params)
         self._table = table
         self._args = args
         self._params = dict(write_params)
