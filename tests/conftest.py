@@ -22,7 +22,7 @@ import suite_profile
 from hypothesis import settings
 
 from lancetx.commit.storage.aws_clients import clear_client_cache
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 # CI runs a fixed set of examples (a landing must not depend on a lucky seed);
 # local runs keep exploring new ones.

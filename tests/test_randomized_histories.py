@@ -39,7 +39,7 @@ from history_harness import (
 from protocol_helpers import ensure_ddb_table
 from suite_profile import sized
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 
 def _seeds() -> list[int]:

@@ -8,9 +8,12 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.externalstore.dynamodb import create_table, create_table_request, target_of
-from lancetx.externalstore.errors import InvalidConfigError, error_code, translate_error
-from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, migrate
+from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
+from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.plans import create_table_request
+from lancetx.externalstore.dynamodb.store import create_table
+from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, migrate
+from lancetx.externalstore.errors import InvalidConfigError
 
 #: DynamoDB's rule for table names (3 to 255 of these characters); ``s3+ddb://`` URIs
 #: accept no other name, so a table named otherwise could never be used.

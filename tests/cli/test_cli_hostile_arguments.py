@@ -14,7 +14,7 @@ import boto3
 import pytest
 from cli_helpers import make_table, run_cli
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.ops.gc import parse_age
 
 URI = "s3+ddb://b/t.lance?ddbTableName=T"

@@ -29,7 +29,7 @@ from claim_faults import check_every_version_opens, pid_of_client
 from cli_helpers import DdbTable, age_objects, make_table, read_versions, run_cli
 from protocol_helpers import batch
 
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.inventory import PARALLELISM
 
 #: The CLI's deletions before the interrupt arrives.

@@ -43,9 +43,9 @@ from suite_profile import sized
 
 from lancetx.commit.engine import contention
 from lancetx.commit.engine.committer import CommitOptions, Committed, load_parent
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 ROWS = 5
 #: Writers x appends beside the polling reader (the acceptance run: 4 x 40).

@@ -21,13 +21,13 @@ from cli_helpers import run_cli
 
 import lancetx
 from lancetx.commit.errors import InvalidUriError
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.base import KEYS_SUFFIX
-from lancetx.externalstore.commit_queue import QUEUE_SUFFIX
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.commit_queue import QUEUE_SUFFIX
+from lancetx.externalstore.dynamodb.store import create_table
+from lancetx.externalstore.dynamodb.store_schema import STAMP_BASE_URI
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.moved import MOVED_PREFIX
-from lancetx.externalstore.store_schema import STAMP_BASE_URI
-from lancetx.externalstore.uri import parse_ddb_uri
 from lancetx.ops.iam_policy import iam_policies
 from lancetx.ops.table import open_table
 

@@ -21,7 +21,7 @@ import pytest
 from cli_helpers import DdbTable, make_table
 from protocol_helpers import batch
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.ops import preflight
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage

@@ -37,8 +37,8 @@ from lancetx.commit.engine.committer import commit_transaction, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table

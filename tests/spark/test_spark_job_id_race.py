@@ -21,7 +21,7 @@ import pytest
 from spark_helpers import spark_options
 from suite_profile import sized
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 from pyspark_lancetx.commit import JOB_ID_KEY

@@ -25,9 +25,9 @@ from table_helpers import data_files, ddb_uri, ids
 import lancetx
 import lancetx.aio
 from lancetx.committing import MAX_IDEMPOTENCY_KEY_BYTES
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.errors import InvalidIdempotencyKeyError
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.table import Table
 
 #: Keys every door refuses.

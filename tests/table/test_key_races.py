@@ -27,8 +27,8 @@ from protocol_helpers import batch, ddb_uri, ensure_ddb_table, pylance_create
 from suite_profile import sized
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 

@@ -43,10 +43,10 @@ def _writer(table: Table, params: dict[str, Any]) -> Any:
 
 def _async_writer(table: Table, params: dict[str, Any]) -> Any:
     async def main() -> int:
-        async with await lancetx.aio.open(table.uri) as opened:
-            async with opened.writer(**params) as w:
-                await w.write(ids(3, 10))
-                return await w.commit()
+        opened = await lancetx.aio.open(table.uri)
+        async with opened, opened.writer(**params) as w:
+            await w.write(ids(3, 10))
+            return await w.commit()
 
     return asyncio.run(main())
 
