@@ -53,6 +53,7 @@ from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.handlers.interface import CommitStateUnknownError, KeyAlreadyCommittedError
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
+from lancetx.externalstore.connect import scheme_of
 from lancetx.protos import table_pb2
 from lancetx.state import TableState
 
@@ -250,7 +251,7 @@ def discard(
 
 def claim_of(state: TableState, txn: Transaction | None, args: CommitArgs) -> Claim:
     """What settles the outcome of committing ``txn`` to the table of ``state``."""
-    external = state.uri.lower().startswith("s3+ddb://")
+    external = scheme_of(state.uri).external
     return Claim(
         table_uri=state.uri,
         transaction_uuid=txn.uuid if txn is not None else None,

@@ -9,7 +9,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
-from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client, target_of
 from lancetx.externalstore.dynamodb.plans import create_table_request
 from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, migrate
@@ -36,6 +36,12 @@ class CreateTableReport:
     @property
     def ok(self) -> bool:
         return True
+
+
+def manifest_table_client(storage_options: dict[str, str]) -> Any:
+    """The DynamoDB client the storage options (pylance's names) and the environment
+    configure, as a table opened with them would reach DynamoDB."""
+    return make_client(DynamoDBConfig.from_options(storage_options))
 
 
 def create_manifest_table(
