@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,11 @@ from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client, t
 from lancetx.externalstore.dynamodb.plans import create_table_request
 from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, migrate
+from lancetx.externalstore.errors import InvalidConfigError
+
+#: DynamoDB's rule for table names (3 to 255 of these characters); ``s3+ddb://`` URIs
+#: accept no other name, so a table named otherwise could never be used.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,12 @@ def create_manifest_table(
     """Create ``name`` in Lance's layout (on-demand unless capacities are given),
     wait for ACTIVE, optionally enable PITR, and stamp the lancetx store layout.
     An existing table of the right layout is accepted (and stamped)."""
+    if not _TABLE_NAME.fullmatch(name):
+        raise InvalidConfigError(
+            "table name",
+            name,
+            "DynamoDB table names are 3 to 255 letters, digits, '_', '-' or '.'",
+        )
     request = create_table_request(name)
     if read_capacity is not None or write_capacity is not None:
         request["BillingMode"] = "PROVISIONED"
