@@ -26,10 +26,13 @@ from lancetx.commit.storage.s3store import S3ObjectStore, parse_bool_option
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
-from lancetx.externalstore.errors import TableNotFoundError, TableSchemaError
-from lancetx.externalstore.moved import TableMovedError
+from lancetx.externalstore.errors import (
+    StoreSchemaTooNewError,
+    TableMovedError,
+    TableNotFoundError,
+    TableSchemaError,
+)
 from lancetx.externalstore.preflight import Preflight
-from lancetx.externalstore.store_schema import StoreSchemaTooNewError
 from lancetx.externalstore.table_checks import check_stamp_and_moved
 from lancetx.externalstore.uri import parse_ddb_uri
 

@@ -869,3 +869,33 @@ class ManifestSizeMismatchError(BadEntryError):
 class MalformedEntryError(ExternalStoreError):
     """An item's attributes cannot be a Lance manifest entry (a version that is not a
     whole number in 0..2**64-1, a size that is not one, a missing path)."""
+
+
+# ---------------------------------------------------------- the store layout
+
+
+class StoreSchemaTooNewError(LancetxError):
+    """The DynamoDB table was stamped by a newer lancetx than this one."""
+
+    def __init__(self, table: str, found: int, supported: int) -> None:
+        self.table = table
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"DynamoDB table {table!r} uses lancetx store layout {found}, but this lancetx "
+            f"understands layouts up to {supported}; upgrade lancetx (pip install -U lancetx) "
+            "on this machine before reading or writing tables in it"
+        )
+
+
+class TableMovedError(LancetxError):
+    """The table was migrated to ``s3://`` (conditional PUT); ``s3+ddb://`` commits are refused."""
+
+    def __init__(self, base_uri: str, table: str, new_uri: str) -> None:
+        self.base_uri = base_uri
+        self.new_uri = new_uri
+        super().__init__(
+            f"table {base_uri!r} was migrated off DynamoDB table {table!r} to S3's conditional "
+            f"PUT; open it as {new_uri!r} (drop ?ddbTableName= and the dynamodb_* options). "
+            "Committing through s3+ddb:// now would claim versions that s3:// writers never see"
+        )

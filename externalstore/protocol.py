@@ -42,9 +42,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     IdempotencyKeyCollisionError,
+    KeyAlreadyCommittedError,
     LancetxError,
     ObjectNotFoundError,
+    VersionAlreadyExistsError,
     VersionNotFoundError,
 )
 from lancetx.commit.format.listing import (
@@ -63,11 +66,6 @@ from lancetx.commit.format.naming import (
     parse_manifest_name,
     parse_staged_name,
     staged_manifest_key,
-)
-from lancetx.commit.handlers.interface import (
-    CommitStateUnknownError,
-    KeyAlreadyCommittedError,
-    VersionAlreadyExistsError,
 )
 from lancetx.commit.storage.limits import MANIFEST, read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lancetx.commit.errors import LancetxError
 from lancetx.externalstore.dynamodb import (
     ApiCall,
     Plan,
@@ -29,6 +28,7 @@ from lancetx.externalstore.dynamodb import (
     run_plan,
     target_of,
 )
+from lancetx.externalstore.errors import StoreSchemaTooNewError
 
 #: The reserved item's hash key.
 STAMP_BASE_URI = "__lancetx_schema__"
@@ -41,20 +41,6 @@ CURRENT_SCHEMA_VERSION = 1
 
 _CHECKED: dict[tuple[str | None, str | None, str], int | None] = {}
 _LOCK = threading.Lock()
-
-
-class StoreSchemaTooNewError(LancetxError):
-    """The DynamoDB table was stamped by a newer lancetx than this one."""
-
-    def __init__(self, table: str, found: int, supported: int) -> None:
-        self.table = table
-        self.found = found
-        self.supported = supported
-        super().__init__(
-            f"DynamoDB table {table!r} uses lancetx store layout {found}, but this lancetx "
-            f"understands layouts up to {supported}; upgrade lancetx (pip install -U lancetx) "
-            "on this machine before reading or writing tables in it"
-        )
 
 
 def stamp_key() -> dict[str, Any]:

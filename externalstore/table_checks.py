@@ -23,8 +23,8 @@ import logging
 import threading
 
 from lancetx.externalstore.dynamodb import DynamoDBManifestStore, entry_from_item, key_of
-from lancetx.externalstore.errors import AccessDeniedError
-from lancetx.externalstore.moved import TableMovedError, check_not_moved, moved_key
+from lancetx.externalstore.errors import AccessDeniedError, TableMovedError
+from lancetx.externalstore.moved import check_not_moved, moved_key
 from lancetx.externalstore.store_schema import remember_stamp, stamp_checked, stamp_key, stamp_of
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ and :mod:`lancetx.commit.handlers.interface` unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 from lancetx.commit.errors import LancetxError
 
@@ -179,3 +180,72 @@ __all__ = [
     "UnsupportedInputError",
     "WriterClosedError",
 ]
+
+
+# ----------------------------------- maintenance (lancetx.ops, lancetx-sync)
+
+
+class IamPolicyError(LancetxError, ValueError):
+    """The policy cannot be written as asked (an unsafe path, a missing account or key)."""
+
+
+class UnsafeThresholdError(LancetxError, ValueError):
+    """gc was asked for a threshold below its minimum (``lancetx.ops.gc.MINIMUM_OLDER_THAN``)
+    without being forced. ``older_than`` is what was asked, ``minimum`` the smallest
+    threshold gc accepts; the message says why and what to pass instead."""
+
+    def __init__(self, older_than: timedelta, minimum: timedelta, message: str) -> None:
+        self.older_than = older_than
+        self.minimum = minimum
+        super().__init__(message)
+
+
+class RepairVerificationError(LancetxError):
+    """A manifest repair wrote did not read back as expected; the item was not changed."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(
+            f"the manifest written to {path!r} does not read back as expected ({problem}); "
+            "the DynamoDB item was not changed. Delete that object and run repair again"
+        )
+
+
+class NoParentError(LancetxError):
+    """A wedged version's parent cannot be read, so it cannot be rebuilt."""
+
+
+class WedgedTableError(LancetxError):
+    """gc/cleanup refuse to run on a table with versions that need repair first."""
+
+    def __init__(self, uri: str, versions: list[int], command: str) -> None:
+        self.versions = versions
+        super().__init__(
+            f"{uri!r} has version(s) {versions} that cannot be read (wedged or missing "
+            f"manifest); their repair may need files this would delete. Run {command} first"
+        )
+
+
+class UntrustedReferenceError(LancetxError):
+    """An item or a manifest points outside the table: gc/cleanup delete nothing."""
+
+    def __init__(self, uri: str, refused: list[str], command: str) -> None:
+        self.refused = refused
+        shown = "; ".join(refused[:3]) + (
+            f"; … ({len(refused) - 3} more)" if len(refused) > 3 else ""
+        )
+        super().__init__(
+            f"{uri!r}: refusing to follow {len(refused)} reference(s) that point outside the "
+            f"table ({shown}); nothing was deleted. {command} reports each with its fix"
+        )
+
+
+class NotAnExternalStoreTableError(LancetxError, ValueError):
+    """A command that works on the DynamoDB side was given a URI without one."""
+
+    def __init__(self, uri: str, command: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"`lancetx-sync {command}` needs an s3+ddb:// table URI "
+            f"(s3+ddb://bucket/path?ddbTableName=T), got {uri!r}"
+        )

@@ -42,11 +42,15 @@ from typing import Any
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY, load_parent
 from lancetx.commit.engine.unreferenced import Claim, keep, keep_unsettled, may_delete
-from lancetx.commit.errors import LancetxError, RetriesExhaustedError, TransientObjectStoreError
+from lancetx.commit.errors import (
+    CommitStateUnknownError,
+    LancetxError,
+    RetriesExhaustedError,
+    TransientObjectStoreError,
+)
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.transaction_file import read_transaction_of
-from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.errors import ColumnMismatchError
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.errors import (

@@ -7,8 +7,7 @@ it names the option, column or table and says what to do.
 
 from __future__ import annotations
 
-from lancetx.commit.errors import CommitError, LancetxError
-from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.commit.errors import CommitError, CommitStateUnknownError, LancetxError
 
 
 class SparkOptionError(LancetxError, ValueError):

@@ -38,7 +38,7 @@ from claim_faults import (
 from table_helpers import ddb_uri, ids
 
 import lancetx
-from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.externalstore.dynamodb import create_table
 from lancetx.externalstore.embedded import EmbeddedAws
 

@@ -20,11 +20,10 @@ from lancetx.externalstore.dynamodb import (
 )
 from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.embedded import EmbeddedAws
-from lancetx.externalstore.moved import TableMovedError
+from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
 from lancetx.externalstore.store_schema import (
     CURRENT_SCHEMA_VERSION,
     MigrationStep,
-    StoreSchemaTooNewError,
     _step,
     clear_stamp_cache,
     migrate,

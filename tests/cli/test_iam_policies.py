@@ -29,6 +29,7 @@ from protocol_helpers import ddb_uri, ensure_ddb_table
 import lancetx
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.errors import IamPolicyError
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.dynamodb import DynamoDBConfig, clear_validation_cache, make_client
 from lancetx.externalstore.embedded import EmbeddedAws
@@ -41,7 +42,7 @@ from lancetx.externalstore.store_schema import (
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.gc import collect_garbage
-from lancetx.ops.iam_policy import IamPolicyError, iam_literal, iam_policies
+from lancetx.ops.iam_policy import iam_literal, iam_policies
 from lancetx.ops.migrate import migrate_to_conditional_put
 from lancetx.ops.repair import repair_table
 from lancetx.ops.status import table_status

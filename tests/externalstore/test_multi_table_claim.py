@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.commit.format.naming import NamingScheme
-from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.dynamodb import (

@@ -26,12 +26,9 @@ from lancetx.externalstore import demo
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb import clear_validation_cache
 from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
-from lancetx.externalstore.moved import TableMovedError, record_moved
-from lancetx.externalstore.store_schema import (
-    StoreSchemaTooNewError,
-    clear_stamp_cache,
-    write_stamp,
-)
+from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
+from lancetx.externalstore.moved import record_moved
+from lancetx.externalstore.store_schema import clear_stamp_cache, write_stamp
 from lancetx.externalstore.table_checks import forget_denials
 
 pytestmark = pytest.mark.integration

@@ -60,10 +60,10 @@ def register(app: typer.Typer) -> None:
             stdout_console,
             usage_error,
         )
+        from lancetx.errors import UnsafeThresholdError
         from lancetx.ops.gc import (
             COMMIT_BUDGET,
             MINIMUM_OLDER_THAN,
-            UnsafeThresholdError,
             collect_garbage,
             format_age,
             parse_age,
