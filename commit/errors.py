@@ -1,40 +1,92 @@
-"""Exception hierarchy for lancetx.
+"""Exception hierarchy for lancetx: the errors of the commit layer.
 
 Every error a user can see derives from :class:`LancetxError`. Subclasses carry
 the facts needed to act on them (the file, the version, the operation) as
-attributes, and their messages say what happened and what to do next.
+attributes, their messages say what happened and what to do next, and
+:attr:`LancetxError.retryable` says whether the same call may simply be made
+again. :mod:`lancetx.errors` re-exports every error (this layer's, the external
+store's, the front door's, the maintenance tools' and the Spark data source's)
+and draws the whole tree.
 
-The tree::
+The errors raised by the commit layer (``lancetx.commit``: this module, the
+format readers, the conditional-PUT probe and the manifest builder); ``*``
+marks ``retryable``::
 
     LancetxError
-    ├── FormatError                  a file is not a valid Lance artifact
+    ├── FormatError                      a file is not a valid Lance artifact
     │   ├── ManifestFormatError
     │   ├── TransactionFileError
     │   ├── DeletionFileError
-    │   ├── SchemaConversionError
-    │   └── ObjectTooLargeError      larger than the cap on its kind (manifest, transaction, tag)
-    ├── UnsupportedFeatureError      a feature flag we do not implement
-    ├── ObjectStoreError             an object-store request failed
+    │   ├── ObjectTooLargeError          larger than the cap on its kind (manifest, transaction, tag)
+    │   │   ├── ManifestTooLargeError    (also a ManifestFormatError)
+    │   │   └── TransactionTooLargeError (also a TransactionFileError)
+    │   ├── FragmentFormatError          fragment metadata (format.fragments)
+    │   ├── MixedNamingSchemesError      V1 and V2 manifest names in one _versions/ (format.listing)
+    │   ├── RowIdFormatError             a row-id sequence (format.rowids)
+    │   └── TagFileError                 a tag file that names no version (format.retention)
+    ├── SchemaConversionError            an Arrow schema or field list we cannot convert
+    ├── UnsupportedFeatureError          a feature flag we do not implement
+    │   └── UnsupportedTransactionError  an operation we do not build (engine.builder.errors)
+    ├── ObjectStoreError                 an object-store request failed
     │   ├── ObjectNotFoundError
-    │   ├── ObjectExistsError        a conditional create lost to an existing object
-    │   ├── UnsupportedOperationError  the store lacks the capability asked for
-    │   └── TransientObjectStoreError  5xx / throttling / connection; safe to retry
-    ├── InvalidUriError              a table URI we cannot open (also a ValueError)
-    ├── StorageOptionError           a storage option we cannot use (also a ValueError)
-    ├── MissingExtraError            an optional feature's packages are absent (also an ImportError)
+    │   ├── ObjectExistsError            a conditional create lost to an existing object
+    │   ├── UnsupportedOperationError    the store lacks the capability asked for
+    │   │   └── ConditionalPutIgnoredError  the store ignores If-None-Match (handlers.probe)
+    │   └── TransientObjectStoreError *  5xx / throttling / connection
+    ├── InvalidUriError                  a table URI we cannot open (also a ValueError)
+    ├── StorageOptionError               a storage option we cannot use (also a ValueError)
+    ├── MissingExtraError                an optional feature's packages are absent (also an ImportError)
     ├── DatasetNotFoundError
     ├── VersionNotFoundError
-    └── CommitError                  (see lancetx.commit.errors for the engine's subclasses)
-        └── IdempotencyKeyCollisionError  two keys' hashes met: use another key
+    └── CommitError                      committing a transaction failed
+        ├── CommitConflictError          a transaction committed since ours conflicts with it
+        │   ├── RetryableConflictError * re-planned on the new version, the result is the same
+        │   └── IncompatibleConflictError
+        ├── RetriesExhaustedError *      every attempt lost the race until the budget ran out
+        ├── ExpectedVersionMismatchError a strict commit found another version
+        ├── UnfinishedParentError *      the parent version is committed but not finished yet
+        ├── InvalidCommitError           a request that cannot be valid for this table
+        ├── InvalidTransactionError      a transaction that does not fit its parent (engine.builder.errors)
+        ├── IdempotencyKeyCollisionError two keys' hashes met: use another key
+        ├── CommitStateUnknownError *    the claim may have landed: retry with the same key
+        ├── VersionAlreadyExistsError    another writer claimed the version (the loop rebases)
+        └── KeyAlreadyCommittedError     the idempotency key is committed already
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class LancetxError(Exception):
-    """Base class of every error raised by lancetx."""
+    """Base class of every error raised by lancetx.
+
+    ``except lancetx.LancetxError`` catches them all; every public subclass is
+    exported by :mod:`lancetx.errors` and ``lancetx`` (the whole tree is drawn in
+    :mod:`lancetx.errors`).
+
+    :attr:`retryable` says whether making the same call again is both *safe* and
+    *may succeed* without changing anything first. The rule, per class:
+
+    * True when nothing was committed and the cause is transient (throttling, an
+      endpoint that could not be reached, 5xx or a dropped connection, losing the
+      race for a version until the retry budget ran out, a parent version not yet
+      finished, a conflict whose operation re-planned on the new version gives the
+      same result), or when the outcome is unknown and a retry that carries the
+      *same idempotency key* finds the first commit instead of committing twice
+      (:class:`CommitStateUnknownError`; without a key, look the transaction up
+      first, as its message says).
+    * False otherwise: bad input, configuration, permissions, a missing or damaged
+      table or file, an incompatible conflict, a strict commit whose expected
+      version moved, and the lost-race signals the commit loop handles itself
+      (:class:`VersionAlreadyExistsError` and the like, which a caller never sees).
+
+    A retry should wait (back off) first; lancetx already retried transient
+    failures within its own budget before raising.
+    """
+
+    #: Whether the same call, made again (after a pause), is safe and may succeed.
+    retryable: ClassVar[bool] = False
 
 
 # --------------------------------------------------------------------------- format
@@ -160,6 +212,8 @@ class UnsupportedOperationError(ObjectStoreError):
 class TransientObjectStoreError(ObjectStoreError):
     """A failure that may succeed if retried (5xx, throttling, connection reset)."""
 
+    retryable = True
+
 
 # ---------------------------------------------------------------- URIs and options
 
@@ -269,6 +323,8 @@ class RetriesExhaustedError(CommitError):
     """Every attempt lost the race to claim the next version, until the retry
     budget (time, or the count cap) ran out. Nothing of this transaction was committed."""
 
+    retryable = True
+
     def __init__(
         self,
         uri: str,
@@ -307,6 +363,8 @@ class UnfinishedParentError(CommitError):
     """The version a commit would build on is committed but still staged, and
     finishing it (copying its manifest to the final name, pointing its entry
     there) failed or could not be settled. Nothing of this transaction was claimed."""
+
+    retryable = True
 
     def __init__(self, uri: str, version: int, transaction_uuid: str, key: str) -> None:
         self.uri = uri
@@ -414,6 +472,8 @@ class CommitStateUnknownError(CommitError):
     ``kept_files`` are the files the commit wrote and kept because the version may
     refer to them (see :mod:`lancetx.commit.engine.unreferenced`); ``kept_message``
     says which and how to settle the outcome, and is part of the message."""
+
+    retryable = True
 
     #: Files the commit wrote and kept (full URIs), set as the error passes each layer.
     kept_files: tuple[str, ...] = ()

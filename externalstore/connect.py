@@ -27,10 +27,10 @@ from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
 from lancetx.externalstore.errors import (
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
     StoreSchemaTooNewError,
     TableMovedError,
-    TableNotFoundError,
-    TableSchemaError,
 )
 from lancetx.externalstore.preflight import Preflight
 from lancetx.externalstore.table_checks import check_stamp_and_moved
@@ -72,7 +72,7 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
     table's checks (the layout stamp once per table per process, the moved record
     once per connection: one BatchGetItem) then run beside that first request (see
     :mod:`lancetx.externalstore.preflight`) and raise instead of its result:
-    TableNotFoundError (no such table), TableSchemaError (another key layout),
+    DynamoDBTableNotFoundError (no such table), DynamoDBTableSchemaError (another key layout),
     StoreSchemaTooNewError (a newer lancetx's store) or TableMovedError (the table
     was migrated to conditional PUT). The key layout is also checked (DescribeTable,
     once per table per process) beside the first write. Clients are the process's
@@ -100,8 +100,8 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
                 # Beside a claim, a check that could not be made is retried at the
                 # next use: the claim may have landed, and must not be reported lost.
                 write_verdicts=(
-                    TableNotFoundError,
-                    TableSchemaError,
+                    DynamoDBTableNotFoundError,
+                    DynamoDBTableSchemaError,
                     StoreSchemaTooNewError,
                     TableMovedError,
                 ),

@@ -75,8 +75,10 @@ from lancetx.externalstore.base import (
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
+    BatchEntryExistsError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
     DynamoDBTarget,
-    EntriesExistError,
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
@@ -85,8 +87,6 @@ from lancetx.externalstore.errors import (
     InvalidRequestError,
     KeyExistsError,
     MalformedEntryError,
-    TableNotFoundError,
-    TableSchemaError,
     ThrottledError,
     error_code,
     translate_error,
@@ -570,7 +570,7 @@ def key_from_item(
 
 
 def check_table_description(description: Mapping[str, Any], target: DynamoDBTarget) -> TableInfo:
-    """Validate a DescribeTable ``Table`` against the Lance layout. Raises TableSchemaError."""
+    """Validate a DescribeTable ``Table`` against the Lance layout. Raises DynamoDBTableSchemaError."""
     keys = {k["KeyType"]: k["AttributeName"] for k in description.get("KeySchema", [])}
     types = {
         a["AttributeName"]: a["AttributeType"] for a in description.get("AttributeDefinitions", [])
@@ -583,9 +583,11 @@ def check_table_description(description: Mapping[str, Any], target: DynamoDBTarg
     resource = arn or target.resource
     action = "dynamodb:DescribeTable"
     if keys.get("HASH") != BASE_URI or keys.get("RANGE") != VERSION or len(keys) != 2:
-        raise TableSchemaError(action, resource, target.table, found, "wrong key schema")
+        raise DynamoDBTableSchemaError(action, resource, target.table, found, "wrong key schema")
     if types.get(BASE_URI) != "S" or types.get(VERSION) != "N":
-        raise TableSchemaError(action, resource, target.table, found, "wrong key attribute types")
+        raise DynamoDBTableSchemaError(
+            action, resource, target.table, found, "wrong key attribute types"
+        )
     return TableInfo(
         name=target.table, arn=arn, status=str(description.get("TableStatus", "UNKNOWN"))
     )
@@ -652,16 +654,16 @@ def call_plan(
 
 
 def describe_plan(ctx: PlanContext) -> Plan[dict[str, Any]]:
-    """DescribeTable → the ``Table`` description. Raises TableNotFoundError."""
+    """DescribeTable → the ``Table`` description. Raises DynamoDBTableNotFoundError."""
     response = yield from call_plan(ctx, ApiCall("DescribeTable", {"TableName": ctx.table}))
     table = response.get("Table")
     if not table:
-        raise TableNotFoundError("dynamodb:DescribeTable", ctx.target.resource, ctx.target)
+        raise DynamoDBTableNotFoundError("dynamodb:DescribeTable", ctx.target.resource, ctx.target)
     return cast("dict[str, Any]", table)
 
 
 def validate_plan(ctx: PlanContext) -> Plan[TableInfo]:
-    """DescribeTable and check the layout. Raises TableNotFoundError / TableSchemaError."""
+    """DescribeTable and check the layout. Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
     description = yield from describe_plan(ctx)
     return check_table_description(description, ctx.target)
 
@@ -894,7 +896,7 @@ def put_all_if_not_exists_plan(
                         for i, r in enumerate(reasons)
                     ]
                     existing += [None] * (len(entries) - len(existing))
-                    raise EntriesExistError(
+                    raise BatchEntryExistsError(
                         action,
                         resource,
                         list(entries),
@@ -1161,7 +1163,7 @@ def create_table_plan(
     while True:
         try:
             description = yield from describe_plan(ctx)
-        except TableNotFoundError:
+        except DynamoDBTableNotFoundError:
             # DescribeTable right after CreateTable can lag behind it.
             description = {"TableStatus": "CREATING"}
         status = str(description.get("TableStatus", "UNKNOWN"))
@@ -1276,7 +1278,7 @@ def create_table(
     """Create a Lance-layout manifest table (PAY_PER_REQUEST) if it does not exist.
 
     Waits for ACTIVE and validates the layout; safe when several processes
-    race (the losers wait for the winner's table). Raises TableSchemaError if
+    race (the losers wait for the winner's table). Raises DynamoDBTableSchemaError if
     a table of that name exists with another layout.
     """
     ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
@@ -1297,9 +1299,9 @@ class DynamoDBManifestStore(ExternalManifestStore):
     the table's layout is checked now, once per (endpoint, region, table) per
     process (DescribeTable; needs ``dynamodb:DescribeTable``). Without it
     nothing is sent until the first operation: a missing table then raises
-    TableNotFoundError, and a request DynamoDB rejects on a table not yet
+    DynamoDBTableNotFoundError, and a request DynamoDB rejects on a table not yet
     validated in this process is checked against the layout (one DescribeTable,
-    on that error only) and raises TableSchemaError when the layout is why; with
+    on that error only) and raises DynamoDBTableSchemaError when the layout is why; with
     ``validate_on_write`` as well, the layout is checked beside the store's first
     write (DescribeTable once per table per process, see :mod:`.preflight`), so reads
     need no DescribeTable and a writer still learns of another layout from its first
@@ -1332,7 +1334,8 @@ class DynamoDBManifestStore(ExternalManifestStore):
         #: The layout check beside the first write (None: not asked for).
         self._write_check = (
             Preflight(
-                [self._check_layout_for_writes], verdicts=(TableSchemaError, TableNotFoundError)
+                [self._check_layout_for_writes],
+                verdicts=(DynamoDBTableSchemaError, DynamoDBTableNotFoundError),
             )
             if validate_on_write
             else None
@@ -1375,7 +1378,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
             # A table of another key layout rejects our keys; say so plainly instead.
             self._explain_rejection(exc)
             raise
-        except TableNotFoundError as exc:
+        except DynamoDBTableNotFoundError as exc:
             # Some DynamoDB implementations (dynalite) answer a BatchGetItem whose keys
             # do not fit the table's layout with "resource not found": ask the table.
             self._explain_rejection(exc)
@@ -1405,38 +1408,38 @@ class DynamoDBManifestStore(ExternalManifestStore):
                     exc,
                 )
 
-    def _explain_rejection(self, exc: InvalidRequestError | TableNotFoundError) -> None:
-        """Raise TableSchemaError (from ``exc``) when the table's layout is the reason
+    def _explain_rejection(self, exc: InvalidRequestError | DynamoDBTableNotFoundError) -> None:
+        """Raise DynamoDBTableSchemaError (from ``exc``) when the table's layout is the reason
         DynamoDB rejected a request; return when the layout is fine (or the table is
         indeed missing): the caller raises ``exc`` then."""
         if cached_validation(self._ctx.target) is not None:
             return
         try:
             info = run_plan(self.client, validate_plan(self._ctx), self._sleep)
-        except TableSchemaError as schema:
+        except DynamoDBTableSchemaError as schema:
             raise schema from exc
-        except TableNotFoundError:
+        except DynamoDBTableNotFoundError:
             return
         remember_validation(self._ctx.target, info)
 
     def check_stamp(self) -> int | None:
         """Refuse a store stamped by a newer lancetx (one GetItem per table per process).
         Raises StoreSchemaTooNewError, or what reading the table raises (e.g.
-        TableNotFoundError, TableSchemaError)."""
+        DynamoDBTableNotFoundError, DynamoDBTableSchemaError)."""
         from lancetx.externalstore.store_schema import check_stamp_with
 
         return check_stamp_with(self.client, self.table_name, self._run)
 
     def validate(self) -> TableInfo:
         """Check the table's layout and the store's layout stamp (each once per table per
-        process). Raises TableNotFoundError / TableSchemaError / StoreSchemaTooNewError."""
+        process). Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError / StoreSchemaTooNewError."""
         info = self.validate_layout()
         self.check_stamp()  # a newer lancetx's layout: refuse
         return info
 
     def validate_layout(self) -> TableInfo:
         """Check the table's key layout (DescribeTable, cached per process). Raises
-        TableNotFoundError / TableSchemaError."""
+        DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
         info = cached_validation(self._ctx.target)
         if info is None:
             info = self._run(validate_plan(self._ctx))

@@ -229,7 +229,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         return await run_plan_async(self.client, plan, self._sleep)
 
     async def validate(self) -> TableInfo:
-        """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        """Check the table's layout (cached per process). Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
         from lancetx.externalstore.store_schema import check_stamp_async
 
         info = cached_validation(self._ctx.target)

@@ -10,7 +10,7 @@ stamp is known, the moved record alone is one GetItem.
 Each key is the table's full primary key (``base_uri``, ``version``), so DynamoDB
 itself rejects the read on a table of another key layout (a hash-only table, other
 names or types); the store explains that rejection through DescribeTable as a
-TableSchemaError. Reads therefore need no DescribeTable of their own.
+DynamoDBTableSchemaError. Reads therefore need no DescribeTable of their own.
 
 An IAM policy without ``dynamodb:BatchGetItem`` (written before lancetx used it) is
 not an error: the two items are read with GetItem instead, for that table for the
@@ -55,7 +55,7 @@ def check_stamp_and_moved(entries: DynamoDBManifestStore, base: str) -> None:
     """Refuse a store stamped by a newer lancetx and a table migrated off DynamoDB.
 
     Raises StoreSchemaTooNewError, TableMovedError, or what reading the table raises
-    (TableNotFoundError, TableSchemaError, AccessDeniedError…).
+    (DynamoDBTableNotFoundError, DynamoDBTableSchemaError, AccessDeniedError…).
     """
     table = entries.table_name
     if stamp_checked(entries.client, table) or batch_get_denied(entries):

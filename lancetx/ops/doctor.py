@@ -44,7 +44,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format import naming
 from lancetx.externalstore.dynamodb import check_table_description, key_of, target_of
-from lancetx.externalstore.errors import ACCESS_CODES, TableSchemaError, error_code
+from lancetx.externalstore.errors import ACCESS_CODES, DynamoDBTableSchemaError, error_code
 from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, read_stamp
 from lancetx.ops.iam_policy import (
     DOCTOR,
@@ -290,7 +290,7 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool, role: str) -> list[Che
         try:
             check_table_description(described.get("Table", {}), target)
             checks.append(Check("key-schema", OK, "HASH base_uri (S), RANGE version (N)"))
-        except TableSchemaError as exc:
+        except DynamoDBTableSchemaError as exc:
             checks.append(
                 Check(
                     "key-schema", FAILED, str(exc), "use a table made by lancetx-sync create-table"

@@ -91,7 +91,8 @@ def format_age(age: timedelta) -> str:
     return f"{age.total_seconds():g}s"
 
 
-def _unsafe_threshold(older_than: timedelta) -> UnsafeThresholdError:
+def unsafe_threshold_error(older_than: timedelta) -> UnsafeThresholdError:
+    """The error refusing ``older_than`` below :data:`MINIMUM_OLDER_THAN` (says why, and what to pass)."""
     return UnsafeThresholdError(
         older_than,
         MINIMUM_OLDER_THAN,
@@ -192,7 +193,7 @@ def collect_garbage(
     ``force_unsafe_threshold``; WedgedTableError / UntrustedReferenceError /
     TagFileError for a table it must not touch (nothing is deleted then)."""
     if older_than < MINIMUM_OLDER_THAN and not force_unsafe_threshold:
-        raise _unsafe_threshold(older_than)
+        raise unsafe_threshold_error(older_than)
     if now is not None:
         started, clock, skew = now, "given", None
     else:

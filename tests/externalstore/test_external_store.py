@@ -38,6 +38,7 @@ from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
+    DynamoDBTableNotFoundError,
     DynamoDBTarget,
     EndpointUnreachableError,
     EntryExistsError,
@@ -46,7 +47,6 @@ from lancetx.externalstore.errors import (
     ExternalStoreError,
     InvalidRequestError,
     ServiceUnavailableError,
-    TableNotFoundError,
     ThrottledError,
     translate_error,
 )
@@ -393,7 +393,10 @@ def test_translate_error_names_action_resource_and_remedy() -> None:
     check(NoCredentialsError(), AccessDeniedError, "credentials")
     check(client_error("ThrottlingException"), ThrottledError, "3 attempts", "PAY_PER_REQUEST")
     check(
-        client_error("ResourceNotFoundException"), TableNotFoundError, "create_table", "eu-west-1"
+        client_error("ResourceNotFoundException"),
+        DynamoDBTableNotFoundError,
+        "create_table",
+        "eu-west-1",
     )
     check(EndpointConnectionError(endpoint_url="http://ddb.local:8000"), EndpointUnreachableError,
           "http://ddb.local:8000", "dynamodb_endpoint")  # fmt: skip
