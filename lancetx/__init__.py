@@ -119,6 +119,7 @@ from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many
 from lancetx.table import MergeInsertBuilder, Table, commit_fragments, connect, open, write_table
 from lancetx.writer import TableWriter
+from lancetx.written import WrittenFiles, check_schema
 
 __version__: str = installed_version()  # "0.0.0+unknown" in a source tree never installed
 
@@ -224,7 +225,9 @@ __all__ = [
     "WedgedTableError",
     "WedgedVersionError",
     "WriterClosedError",
+    "WrittenFiles",
     "__version__",
+    "check_schema",
     "commit_fragments",
     "commit_many",
     "connect",
