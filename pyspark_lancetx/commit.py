@@ -63,6 +63,10 @@ JOB_ID_KEY = "lancetx.spark.job_id"
 ROWS_KEY = "lancetx.spark.rows"
 STREAM_ID_KEY = "lancetx.spark.stream_id"
 BATCH_ID_KEY = "lancetx.spark.batch_id"
+#: Lance's reserved transaction property holding the commit message
+#: (:attr:`lancetx.VersionInfo.commit_message`; :class:`VersionRecord` shows it among
+#: the properties, as the transaction stores it).
+COMMIT_MESSAGE_KEY = "__lance_commit_message"
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,13 @@ class VersionRecord:
         return self.properties.get(JOB_ID_KEY)
 
 
+def _with_message(info: lancetx.VersionInfo) -> dict[str, str]:
+    properties = dict(info.properties)
+    if info.commit_message is not None:
+        properties[COMMIT_MESSAGE_KEY] = info.commit_message
+    return properties
+
+
 def _snake(name: str | None) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower() if name else "?"
 
@@ -189,7 +200,7 @@ def table_history(
         VersionRecord(
             version=info.version,
             operation=_snake(info.operation),
-            properties=dict(info.properties),
+            properties=_with_message(info),
             rows=info.rows if info.rows is not None else table.checkout(info.version).count_rows(),
             commit_message=info.commit_message,
         )
