@@ -33,12 +33,12 @@ venv: $(STAMP)
 ## The main job on the embedded default: Spark jobs and a pylance writer on one table,
 ## through an in-process moto server for S3 (legacy) + DynamoDB.
 demo: $(DEMO_STAMP)
-	$(BIN)/python -m pyspark_lancetx.demo
+	$(BIN)/python -m lancetx.demo.spark
 
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest
 
-LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore tests examples benchmarks tools localstack)
+LINT_DIRS := $(wildcard lancetx pyspark_lancetx protos commit externalstore demo tests examples benchmarks tools localstack)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -52,6 +52,7 @@ typecheck: $(STAMP)
 	ln -s ../../../protos build/typecheck/lancetx/protos
 	ln -s ../../../commit build/typecheck/lancetx/commit
 	ln -s ../../../externalstore build/typecheck/lancetx/externalstore
+	ln -s ../../../demo build/typecheck/lancetx/demo
 	if [ -d pyspark_lancetx ]; then ln -s ../../pyspark_lancetx build/typecheck/pyspark_lancetx; fi
 	cd build/typecheck && ../../$(BIN)/mypy -p lancetx $$([ -d pyspark_lancetx ] && echo -p pyspark_lancetx)
 

@@ -48,13 +48,9 @@ import boto3  # noqa: E402
 import lance  # noqa: E402
 
 from lancetx.commit.handlers.interface import CommitHandler  # noqa: E402
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse  # noqa: E402
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler  # noqa: E402
-from lancetx.externalstore.dynamodb import create_table  # noqa: E402
-from lancetx.externalstore.embedded import (  # noqa: E402
-    EmbeddedAws,
-    InterceptedRequest,
-    InterceptedResponse,
-)
+from lancetx.externalstore.dynamodb.store import create_table  # noqa: E402
 
 #: The operations every request table shows, in this order (others are appended).
 OPERATIONS: tuple[str, ...] = (

@@ -66,9 +66,9 @@ from _harness import (
 )
 
 from lancetx.commit.engine.committer import Committed, Parent, load_parent
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.race import batch, lancetx_append
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.demo import batch, lancetx_append
-from lancetx.externalstore.embedded import EmbeddedAws
 
 SYSTEMS: tuple[str, ...] = ("lancetx", "pylance-ddb", "pylance-s3", "lancetx-s3")
 SCENARIOS: tuple[str, ...] = ("append", "append-held", "refresh", "open", "open-cold")

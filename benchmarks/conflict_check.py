@@ -49,9 +49,9 @@ from _harness import (
 from lancetx.commit.engine.committer import commit_transaction, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.race import batch, lancetx_append
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.demo import batch, lancetx_append
-from lancetx.externalstore.embedded import EmbeddedAws
 
 SYSTEMS = ("lancetx", "pylance")
 

@@ -72,9 +72,9 @@ from _harness import (
 
 from lancetx.commit.engine.committer import Committed, Parent, commit_transaction, load_parent
 from lancetx.commit.engine.operations import Delete, Transaction
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.race import batch, lancetx_append
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.demo import batch, lancetx_append
-from lancetx.externalstore.embedded import EmbeddedAws
 
 SYSTEMS: tuple[str, ...] = ("lancetx", "lancetx-fresh", "pylance")
 

@@ -39,9 +39,9 @@ from _harness import (
 )
 
 from lancetx.commit.engine.committer import Committed
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.race import batch, lancetx_append
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.demo import batch, lancetx_append
-from lancetx.externalstore.embedded import EmbeddedAws
 
 SYSTEMS: tuple[str, ...] = ("lancetx", "pylance-ddb")
 

@@ -44,9 +44,9 @@ from _harness import Bench, environment, fmt, markdown_table, percentile, start_
 
 from lancetx.commit.engine import contention
 from lancetx.commit.engine.committer import Committed
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.race import batch, lancetx_append
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.demo import batch, lancetx_append
-from lancetx.externalstore.embedded import EmbeddedAws
 
 #: Seconds any party waits at a start barrier before the run is declared broken.
 BARRIER_TIMEOUT = 180.0

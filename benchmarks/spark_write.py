@@ -141,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import boto3
 
-    from lancetx.externalstore.dynamodb import create_table
-    from lancetx.externalstore.embedded import EmbeddedAws
+    from lancetx.demo.embedded import EmbeddedAws
+    from lancetx.externalstore.dynamodb.store import create_table
 
     spark = _session(args.memory)
     df = _frame(spark, args.rows, args.partitions).cache()

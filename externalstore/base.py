@@ -62,7 +62,7 @@ KEYS_SUFFIX = "#lancetx-keys"
 class ManifestEntry:
     """One row of an external manifest store.
 
-    ``base_uri`` is the canonical table key (see :mod:`lancetx.externalstore.uri`);
+    ``base_uri`` is the canonical table key (see :mod:`lancetx.externalstore.dynamodb.uri`);
     ``path`` is the bucket-relative key of the manifest, either staged
     (``…/_versions/{name}.manifest-{uuid}``) or final (``….manifest``).
     ``size`` and ``e_tag`` describe the manifest object when known.
@@ -296,7 +296,7 @@ class ExternalManifestStore(abc.ABC):
         """Delete every entry of ``base_uri`` and its key items (used when a table is
         dropped: a table written again at the path must not find the old one's keys)."""
 
-    # The commit queue (optional; see :mod:`lancetx.externalstore.commit_queue`).
+    # The commit queue (optional; see :mod:`lancetx.externalstore.dynamodb.commit_queue`).
     # A store without one raises UnsupportedOperationError, and writers back off
     # at random instead.
 

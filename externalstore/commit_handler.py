@@ -188,7 +188,7 @@ class ExternalStoreCommitHandler(CommitHandler):
 
     ``base`` arguments are table base keys in ``store``; the external store's
     ``base_uri`` for a table is the same string (Lance's convention: the path
-    inside the bucket, see :mod:`lancetx.externalstore.uri`).
+    inside the bucket, see :mod:`lancetx.externalstore.dynamodb.uri`).
     """
 
     serves_ticket_on_claim = True

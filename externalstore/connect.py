@@ -25,7 +25,10 @@ from lancetx.commit.handlers.probe import PROBE_OPTION
 from lancetx.commit.storage.s3store import S3ObjectStore, parse_bool_option
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
-from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.table_checks import check_stamp_and_moved
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.errors import (
     DynamoDBTableNotFoundError,
     DynamoDBTableSchemaError,
@@ -33,8 +36,6 @@ from lancetx.externalstore.errors import (
     TableMovedError,
 )
 from lancetx.externalstore.preflight import Preflight
-from lancetx.externalstore.table_checks import check_stamp_and_moved
-from lancetx.externalstore.uri import parse_ddb_uri
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def _table_checks(entries: DynamoDBManifestStore, base: str) -> list[Callable[[]
     newer lancetx's layout (once per table per process) and a table migrated to
     conditional PUT (once per connection: a migration may happen while a process
     runs), in one BatchGetItem; a table of another key layout rejects that read (see
-    :mod:`lancetx.externalstore.table_checks`). The layout itself is checked
+    :mod:`lancetx.externalstore.dynamodb.table_checks`). The layout itself is checked
     (DescribeTable) beside the first write."""
     return [lambda: check_stamp_and_moved(entries, base)]
 

@@ -83,7 +83,7 @@ from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.externalstore.base import ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection
-from lancetx.externalstore.dynamodb import MAX_TRANSACT_ITEMS
+from lancetx.externalstore.dynamodb.plans import MAX_TRANSACT_ITEMS
 from lancetx.externalstore.errors import MultiTableClaimLostError, TablesNotColocatedError
 from lancetx.externalstore.protocol import (
     Staged,

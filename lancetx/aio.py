@@ -58,9 +58,9 @@ from lancetx.committing import (
 )
 from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
-from lancetx.externalstore.dynamodb import DynamoDBConfig
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.uri import parse_ddb_uri
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState

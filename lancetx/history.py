@@ -197,20 +197,9 @@ def load_history(
     )
 
 
-def find_idempotency_key(
-    handler: CommitHandler, base: str, key: str, *, since: int = 0
-) -> int | None:
-    """The version committed with idempotency key ``key``, or None: its key item, else
-    the newest version after ``since`` carrying it (see :mod:`lancetx.keys`)."""
-    from lancetx.keys import find_committed_key
-
-    return find_committed_key(handler, base, key, since=since)
-
-
 __all__ = [
     "IDEMPOTENCY_KEY_PROPERTY",
     "VersionInfo",
-    "find_idempotency_key",
     "iter_history_newest_first",
     "load_history",
     "load_versions",

@@ -31,13 +31,12 @@ from lancetx.verbs.maintenance import (
 from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
 from lancetx.verbs.rows import plan_delete, plan_update
 from lancetx.verbs.writing import WritePlan, fragments_verb
+from lancetx.writer import TableWriter
 
 R = TypeVar("R")
 
 if TYPE_CHECKING:
     from lance import LanceDataset
-
-    from lancetx.writer import TableWriter
 
 #: pylance verbs that only exist as "pylance commits itself", with what to use instead.
 REFUSED_VERBS: Mapping[str, str] = {
@@ -587,8 +586,6 @@ class Table(TableVerbs[int]):
         **write_params: Any,
     ) -> TableWriter:
         """A streaming writer: ``with table.writer() as w: w.write(batch); w.commit()``."""
-        from lancetx.writer import TableWriter
-
         if self._pinned is not None:
             raise ReadOnlyTableError(self.uri, self._pinned)
         return TableWriter(

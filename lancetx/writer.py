@@ -32,7 +32,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -44,6 +44,7 @@ from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.committing import (
     CommitArgs,
     CommitResult,
+    Plan,
     PlanContext,
     VerbFlags,
     claim_of,
@@ -54,10 +55,32 @@ from lancetx.convert import to_fragment
 from lancetx.data import check_append_schema
 from lancetx.errors import SchemaMismatchError, WriterClosedError
 from lancetx.protos import table_pb2
+from lancetx.state import TableState
 from lancetx.verbs.writing import fragment_files
 
 if TYPE_CHECKING:
-    from lancetx.table import Table
+    from lance import LanceDataset
+
+
+class WrittenTable(Protocol):
+    """What a writer needs of the table it writes to (a :class:`lancetx.Table`, which
+    makes writers: the table depends on this module, never the other way round)."""
+
+    _state: TableState
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    @property
+    def dataset(self) -> LanceDataset: ...
+
+    def _run_result(
+        self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None
+    ) -> CommitResult: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +188,9 @@ def _abandoned(stream: _Stream, store: ObjectStore, base: str, uri: str) -> None
 class TableWriter:
     """A single-pass writer committing one Append (see the module docstring)."""
 
-    def __init__(self, table: Table, args: CommitArgs, write_params: Mapping[str, Any]) -> None:
+    def __init__(
+        self, table: WrittenTable, args: CommitArgs, write_params: Mapping[str, Any]
+    ) -> None:
         self._table = table
         self._args = args
         self._params = dict(write_params)

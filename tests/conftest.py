@@ -18,10 +18,11 @@ from collections.abc import Iterator
 import boto3
 import external_backend
 import pytest
+import suite_profile
 from hypothesis import settings
 
 from lancetx.commit.storage.aws_clients import clear_client_cache
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 # CI runs a fixed set of examples (a landing must not depend on a lucky seed);
 # local runs keep exploring new ones.
@@ -50,6 +51,11 @@ if external_backend.selected():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not suite_profile.is_long():
+        later = pytest.mark.skip(reason="long profile only: LANCETX_TEST_PROFILE=long (.ci/run)")
+        for item in items:
+            if item.get_closest_marker("long_only"):
+                item.add_marker(later)
     if external_backend.selected():
         skip = pytest.mark.skip(reason="needs the embedded server (marked embedded_only)")
         for item in items:
@@ -58,13 +64,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    sizes = f"profile: {suite_profile.profile()} ({suite_profile.PROFILE_VARIABLE})"
     if external_backend.selected():
         aws = external_backend.ExternalAws.from_environ()
         return (
             f"backend: {aws.name} (S3 {aws.endpoint}, DynamoDB {aws.dynamodb_endpoint}); "
-            "moto: refused at import"
+            f"moto: refused at import; {sizes}"
         )
-    return "backend: embedded moto server (S3 + DynamoDB on 127.0.0.1)"
+    return f"backend: embedded moto server (S3 + DynamoDB on 127.0.0.1); {sizes}"
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 test_readme checks that the README opens with ``make demo`` and ``make test``;
 this checks that ``make demo`` runs the Spark demo, and runs the plain-Python
-demo (``python -m lancetx.externalstore.demo``, smaller than its default) and
+demo (``python -m lancetx.demo.race``, smaller than its default) and
 checks what it reports: an in-process moto server, a table written by pylance
 and lancetx, a linear history and every acknowledged row.
 """
@@ -31,7 +31,7 @@ def _demo_recipe() -> list[str]:
 
 def test_make_demo_runs_the_spark_demo() -> None:
     # The Spark job itself runs in tests/spark/test_spark_examples.py on the shared session.
-    assert _demo_recipe() == ["$(BIN)/python -m pyspark_lancetx.demo"]
+    assert _demo_recipe() == ["$(BIN)/python -m lancetx.demo.spark"]
 
 
 def test_demo_runs_and_reports_a_linear_complete_history() -> None:
@@ -39,7 +39,7 @@ def test_demo_runs_and_reports_a_linear_complete_history() -> None:
         [
             sys.executable,
             "-m",
-            "lancetx.externalstore.demo",
+            "lancetx.demo.race",
             "--lancetx-writers",
             "2",
             "--appends",
@@ -89,7 +89,7 @@ def test_make_demo_installs_only_what_the_demo_runs_and_says_so(tmp_path: Path) 
     assert not any(".[dev]" in line for line in demo)
     said = [line for line in demo if line.startswith("echo ")]
     assert len(said) == 1 and "[spark,embedded]" in said[0] and "minutes" in said[0]
-    assert demo[-1].endswith("python -m pyspark_lancetx.demo")
+    assert demo[-1].endswith("python -m lancetx.demo.spark")
 
     test = _dry_run("venv", tmp_path)
     installs = [line for line in test if " pip install " in line]

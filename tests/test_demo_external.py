@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def test_demo_workload_runs_from_environment_variables_alone(aws: EmbeddedAws) -
         [
             sys.executable,
             "-m",
-            "lancetx.externalstore.demo",
+            "lancetx.demo.race",
             "--external",
             "--bucket",
             bucket,

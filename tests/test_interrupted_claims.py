@@ -39,8 +39,8 @@ from table_helpers import ddb_uri, ids
 
 import lancetx
 from lancetx.commit.errors import CommitStateUnknownError
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 
 SETUP_ROWS = 2
 #: Doors whose data files lancetx wrote (and so could have deleted).

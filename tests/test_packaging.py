@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "support" / "sync_commit_probe.py"
@@ -38,6 +38,7 @@ SOURCES = (
     "protos",
     "commit",
     "externalstore",
+    "demo",
     "pyspark_lancetx",
 )
 
@@ -138,6 +139,7 @@ def test_wheel_ships_every_package_of_the_source_tree(wheel: Path) -> None:
         "lancetx": "lancetx",
         "commit": "lancetx/commit",
         "externalstore": "lancetx/externalstore",
+        "demo": "lancetx/demo",
         "protos": "lancetx/protos",
         "pyspark_lancetx": "pyspark_lancetx",
     }

@@ -4,8 +4,9 @@ each history checked by pylance alone. Zero anomalies allowed.
 
 Profiles (environment variables):
 
-* default (CI): 1,000 histories, seeds 0..999;
-* ``LANCETX_HISTORIES=20000`` — the long profile (any count);
+* ``make test`` (the quick profile): 60 histories, seeds 0..59;
+* ``LANCETX_TEST_PROFILE=long`` (CI's long pass, ``.ci/run``): 1,000, seeds 0..999;
+* ``LANCETX_HISTORIES=20000`` — any count (e.g. a soak);
 * ``LANCETX_HISTORY_START=N`` — first seed (default 0);
 * ``LANCETX_HISTORY_SEEDS=5,17`` — replay exactly these seeds;
 * ``LANCETX_HISTORY_WORKERS`` / ``LANCETX_HISTORY_PARALLEL`` — pool size / histories at once;
@@ -36,8 +37,9 @@ from history_harness import (
     run_histories,
 )
 from protocol_helpers import ensure_ddb_table
+from suite_profile import sized
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 
 def _seeds() -> list[int]:
@@ -45,7 +47,7 @@ def _seeds() -> list[int]:
     if explicit:
         return [int(s) for s in explicit.split(",") if s.strip()]
     start = int(os.environ.get("LANCETX_HISTORY_START", "0"))
-    count = int(os.environ.get("LANCETX_HISTORIES", "1000"))
+    count = sized("LANCETX_HISTORIES", quick=60, long=1000)
     return list(range(start, start + count))
 
 
@@ -80,6 +82,7 @@ def test_schedules_are_a_function_of_the_seed() -> None:
 
 
 @pytest.mark.timeout(3600)
+@pytest.mark.long
 def test_randomized_histories(
     legacy_aws: EmbeddedAws, capsys: pytest.CaptureFixture[str], ddb_table_name: str
 ) -> None:

@@ -31,8 +31,8 @@ from lancetx.commit.storage.secrets import (
     is_secret_option,
     redact_options,
 )
-from lancetx.externalstore.dynamodb import DynamoDBConfig
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
 from lancetx.ops.table import open_table
 
 SECRET = f"SECRETxyz{uuid.uuid4().hex}"

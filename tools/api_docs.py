@@ -30,7 +30,7 @@ MODULES: list[tuple[str, str]] = [
     ("lancetx.commit.format.fragments", "fragments written by pylance"),
     ("lancetx.externalstore.dynamodb", "the DynamoDB manifest store"),
     ("lancetx.externalstore.commit_handler", "commit handlers over an external store"),
-    ("lancetx.externalstore.embedded", "the embedded S3 + DynamoDB server (extra `embedded`)"),
+    ("lancetx.demo.embedded", "the embedded S3 + DynamoDB server (extra `embedded`)"),
     ("lancetx.commit.errors", "errors"),
     ("lancetx.externalstore.errors", "errors of the external store"),
 ]

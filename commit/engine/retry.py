@@ -1,7 +1,7 @@
 """One retry policy: a time budget, capped exponential windows, jitter.
 
 Used by the commit loop (lost races) and by the DynamoDB store (throttling,
-5xx); each has its own defaults (:data:`lancetx.externalstore.retry.DYNAMODB_RETRY`).
+5xx); each has its own defaults (:data:`lancetx.externalstore.dynamodb.retry.DYNAMODB_RETRY`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ class TransactionSummary:
     it is ours (same uuid or idempotency key) — without reading its manifest.
     ``operation`` is the spec's name (``"Append"``). ``ticket`` and
     ``claimed_at`` are not the transaction's: they place the claim in the table's
-    commit queue (see :mod:`lancetx.externalstore.commit_queue`).
+    commit queue (see :mod:`lancetx.externalstore.dynamodb.commit_queue`).
     """
 
     operation: str

@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from lancetx.commit.errors import (
     FormatError,
@@ -34,10 +34,6 @@ from lancetx.commit.errors import (
     TransactionFileError,
     TransactionTooLargeError,
 )
-
-if TYPE_CHECKING:
-    from lancetx.commit.storage.objectstore import ObjectStore
-    from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 MANIFEST: Final = "manifest"
 TRANSACTION: Final = "transaction file"
@@ -98,7 +94,24 @@ class ReadLimits:
         return {MANIFEST: self.manifest, TRANSACTION: self.transaction, TAG: self.tag}[kind]
 
 
-def limits_of(store: ObjectStore | AsyncObjectStore) -> ReadLimits:
+class TailReader(Protocol):
+    """What a capped read needs of a store (an ``ObjectStore``): the stores hold their
+    :class:`ReadLimits`, so this module knows them only by these two methods."""
+
+    def uri(self, key: str) -> str: ...
+
+    def get_tail(self, key: str, length: int) -> tuple[bytes, int]: ...
+
+
+class AsyncTailReader(Protocol):
+    """:class:`TailReader` of an asyncio store (an ``AsyncObjectStore``)."""
+
+    def uri(self, key: str) -> str: ...
+
+    async def get_tail(self, key: str, length: int) -> tuple[bytes, int]: ...
+
+
+def limits_of(store: TailReader | AsyncTailReader) -> ReadLimits:
     """The caps ``store`` was opened with (see ``open_object_store``), else the
     environment's (a store built directly, or a wrapper around one)."""
     limits = getattr(store, "read_limits", None)
@@ -117,7 +130,7 @@ def too_large(path: str, kind: str, size: int, cap: int) -> ObjectTooLargeError:
 
 
 def _checked(
-    store: ObjectStore | AsyncObjectStore, key: str, kind: str, data: bytes, total: int
+    store: TailReader | AsyncTailReader, key: str, kind: str, data: bytes, total: int
 ) -> bytes:
     cap = limits_of(store).cap(kind)
     if total > cap or len(data) > cap:
@@ -134,14 +147,14 @@ def _checked(
     return data
 
 
-def read_capped(store: ObjectStore, key: str, kind: str) -> bytes:
+def read_capped(store: TailReader, key: str, kind: str) -> bytes:
     """The whole object at ``key``, refused with :class:`ObjectTooLargeError` (before
     its body is read) when it is larger than the cap on ``kind``. One request."""
     data, total = store.get_tail(key, limits_of(store).cap(kind))
     return _checked(store, key, kind, data, total)
 
 
-async def read_capped_async(store: AsyncObjectStore, key: str, kind: str) -> bytes:
+async def read_capped_async(store: AsyncTailReader, key: str, kind: str) -> bytes:
     """:func:`read_capped` for an asyncio store."""
     data, total = await store.get_tail(key, limits_of(store).cap(kind))
     return _checked(store, key, kind, data, total)
@@ -155,7 +168,9 @@ __all__ = [
     "SETTINGS",
     "TAG",
     "TRANSACTION",
+    "AsyncTailReader",
     "ReadLimits",
+    "TailReader",
     "limits_of",
     "parse_size",
     "read_capped",

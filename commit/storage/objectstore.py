@@ -18,10 +18,8 @@ import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lancetx.commit.storage.limits import ReadLimits
+from lancetx.commit.storage.limits import ReadLimits
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.externalstore.dynamodb import create_table, create_table_request, target_of
-from lancetx.externalstore.errors import error_code, translate_error
-from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, migrate
+from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
+from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.plans import create_table_request
+from lancetx.externalstore.dynamodb.store import create_table
+from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, migrate
 
 
 @dataclass(frozen=True)

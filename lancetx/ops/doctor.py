@@ -43,9 +43,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format import naming
-from lancetx.externalstore.dynamodb import check_table_description, key_of, target_of
-from lancetx.externalstore.errors import ACCESS_CODES, DynamoDBTableSchemaError, error_code
-from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, read_stamp
+from lancetx.externalstore.dynamodb.botocore_errors import error_code
+from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.plans import check_table_description, key_of
+from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, read_stamp
+from lancetx.externalstore.errors import ACCESS_CODES, DynamoDBTableSchemaError
 from lancetx.ops.iam_policy import (
     DOCTOR,
     GRANTS,

@@ -58,9 +58,9 @@ from typing import Any, Final
 from lancetx.commit.handlers.probe import PROBE_DIR
 from lancetx.errors import IamPolicyError
 from lancetx.externalstore.base import KEYS_SUFFIX
-from lancetx.externalstore.commit_queue import QUEUE_SUFFIX
+from lancetx.externalstore.dynamodb.commit_queue import QUEUE_SUFFIX
+from lancetx.externalstore.dynamodb.store_schema import STAMP_BASE_URI
 from lancetx.externalstore.moved import MOVED_PREFIX
-from lancetx.externalstore.store_schema import STAMP_BASE_URI
 from lancetx.ops.table import OpsTable
 
 #: Partition of a table's idempotency-key items (``<base>`` + this suffix): written by

@@ -10,8 +10,11 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.externalstore.dynamodb import DynamoDBManifestStore, key_of, target_of
-from lancetx.externalstore.errors import CONDITION_FAILED_CODE, error_code, translate_error
+from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
+from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.plans import key_of
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+from lancetx.externalstore.errors import CONDITION_FAILED_CODE
 
 
 class ItemChangedError(Exception):

@@ -10,9 +10,9 @@ from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.dynamodb.store_schema import read_stamp
 from lancetx.externalstore.moved import moved_record
 from lancetx.externalstore.protocol import final_key_of
-from lancetx.externalstore.store_schema import read_stamp
 from lancetx.ops.inventory import Progress, list_versions_folder, no_progress, untrusted_entries
 from lancetx.ops.table import OpsTable
 

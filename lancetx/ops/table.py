@@ -15,9 +15,10 @@ from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.errors import NotAnExternalStoreTableError
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.protocol import Steps, Table, run
-from lancetx.externalstore.uri import parse_ddb_uri
 
 T = TypeVar("T")
 

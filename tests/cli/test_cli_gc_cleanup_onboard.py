@@ -22,8 +22,8 @@ from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.transaction_file import write_transaction_file
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table

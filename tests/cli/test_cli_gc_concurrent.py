@@ -23,8 +23,8 @@ from protocol_helpers import batch, lancetx_append, pylance_append
 
 from lancetx.commit.engine.committer import Committed
 from lancetx.commit.errors import LancetxError
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table

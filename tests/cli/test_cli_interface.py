@@ -12,7 +12,7 @@ from cli_helpers import make_table, run_cli, run_cli_on_pty
 from typer.testing import CliRunner
 
 from lancetx.cli.app import app
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 COMMANDS = [
     "status",

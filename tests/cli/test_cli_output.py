@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cli_helpers import DdbTable, age_objects, make_table, run_cli, run_cli_on_pty
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 #: A table path long enough that its data files' keys pass 90 characters.
 LONG_PATH = "warehouse/analytics/events_by_customer_and_region/year=2026/month=11/t.lance"

@@ -14,7 +14,7 @@ from pathlib import Path
 from cli_helpers import DdbTable, make_table, read_versions, run_cli, wedge_with_pylance
 from protocol_helpers import batch, pylance_append
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.ops.repair import repair_table
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table

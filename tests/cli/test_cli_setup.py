@@ -11,17 +11,12 @@ import pytest
 from cli_helpers import access_denied, make_table, read_versions, run_cli
 from protocol_helpers import batch, ensure_ddb_table, lancetx_append
 
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import (
-    DynamoDBConfig,
-    DynamoDBManifestStore,
-    clear_validation_cache,
-    make_client,
-)
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.embedded import EmbeddedAws
-from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
-from lancetx.externalstore.store_schema import (
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore, clear_validation_cache
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.dynamodb.store_schema import (
     CURRENT_SCHEMA_VERSION,
     MigrationStep,
     _step,
@@ -30,6 +25,7 @@ from lancetx.externalstore.store_schema import (
     read_stamp,
     write_stamp,
 )
+from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table

@@ -18,7 +18,7 @@ from cli_helpers import DdbTable, make_table, run_cli
 from iam_simulator import access_denied, iam_requests, recording
 
 from lancetx.commit.handlers.probe import PROBE_DIR
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.iam_policy import iam_policies

@@ -29,11 +29,12 @@ from protocol_helpers import ddb_uri, ensure_ddb_table
 import lancetx
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.errors import IamPolicyError
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig, clear_validation_cache, make_client
-from lancetx.externalstore.embedded import EmbeddedAws
-from lancetx.externalstore.store_schema import (
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import clear_validation_cache
+from lancetx.externalstore.dynamodb.store_schema import (
     CURRENT_SCHEMA_VERSION,
     clear_stamp_cache,
     read_stamp,

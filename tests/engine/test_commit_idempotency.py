@@ -32,8 +32,8 @@ from lancetx.commit.engine.committer import (
 )
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 
 
 @pytest.fixture

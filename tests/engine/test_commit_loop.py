@@ -63,8 +63,8 @@ from lancetx.commit.format.transaction_file import read_transaction_file
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
 from lancetx.commit.handlers.probe import probe_conditional_put
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.protos import table_pb2
 
 

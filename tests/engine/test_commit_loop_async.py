@@ -36,17 +36,12 @@ from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.handlers.interface import AsyncCommitHandler
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
+from lancetx.demo.embedded import DEFAULT_REGION, FAKE_ACCESS_KEY, FAKE_SECRET_KEY, EmbeddedAws
 from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.embedded import (
-    DEFAULT_REGION,
-    FAKE_ACCESS_KEY,
-    FAKE_SECRET_KEY,
-    EmbeddedAws,
-)
-from lancetx.externalstore.uri import parse_ddb_uri
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 
 T = TypeVar("T")
 ROWS = 10

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from engine_helpers import EngineTable, append_worker, make_table
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
 pytestmark = pytest.mark.integration

@@ -39,14 +39,7 @@ from lancetx.commit.format.naming import manifest_key
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
-from lancetx.externalstore.commit_handler import (
-    AsyncExternalStoreCommitHandler,
-    ExternalStoreCommitHandler,
-)
-from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.embedded import (
+from lancetx.demo.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,
     FAKE_SECRET_KEY,
@@ -54,6 +47,14 @@ from lancetx.externalstore.embedded import (
     InterceptedRequest,
     InterceptedResponse,
 )
+from lancetx.externalstore.commit_handler import (
+    AsyncExternalStoreCommitHandler,
+    ExternalStoreCommitHandler,
+)
+from lancetx.externalstore.connect import connect
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.protocol import Table, commit_steps
 
 PLAIN_ROWS = 5

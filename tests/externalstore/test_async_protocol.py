@@ -35,13 +35,7 @@ from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
-from lancetx.externalstore.commit_handler import (
-    AsyncExternalStoreCommitHandler,
-    ExternalStoreCommitHandler,
-)
-from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.embedded import (
+from lancetx.demo.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,
     FAKE_SECRET_KEY,
@@ -49,6 +43,13 @@ from lancetx.externalstore.embedded import (
     InterceptedRequest,
     InterceptedResponse,
 )
+from lancetx.externalstore.commit_handler import (
+    AsyncExternalStoreCommitHandler,
+    ExternalStoreCommitHandler,
+)
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.errors import (
     ManifestMissingError,
     UntrustedManifestPathError,

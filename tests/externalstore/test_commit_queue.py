@@ -1,4 +1,4 @@
-"""The commit queue in DynamoDB (``externalstore/commit_queue.py``), on the moto server.
+"""The commit queue in DynamoDB (``externalstore/dynamodb/commit_queue.py``), on the moto server.
 
 * Tickets count up; ``served`` only ever moves up; the queue item is invisible
   to pylance and to the table's own entries.
@@ -40,11 +40,11 @@ from lancetx.commit.engine import committer, contention
 from lancetx.commit.engine.committer import CommitOptions, Committed, Parent, load_parent
 from lancetx.commit.engine.events import CommitEvent
 from lancetx.commit.handlers.interface import Turns
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
-from lancetx.externalstore.commit_queue import QUEUE_SUFFIX
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import DynamoDBManifestStore
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.commit_queue import QUEUE_SUFFIX
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.errors import AccessDeniedError
 
 ROWS = 10

@@ -34,8 +34,8 @@ from protocol_helpers import (
     verify_history,
 )
 
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 APPENDS = 10
 ROWS = 5

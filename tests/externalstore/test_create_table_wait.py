@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.externalstore.errors import ExternalStoreError
 
 

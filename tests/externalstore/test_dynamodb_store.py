@@ -24,22 +24,23 @@ import pytest
 from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.storage.aws_clients import session_region
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import (
-    DEFAULT_REGION,
-    DynamoDBConfig,
+from lancetx.externalstore.dynamodb.config import DEFAULT_REGION, DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.retry import RetryPolicy
+from lancetx.externalstore.dynamodb.store import (
     DynamoDBManifestStore,
     clear_validation_cache,
     create_table,
-    make_client,
 )
-from lancetx.externalstore.dynamodb_async import (
+from lancetx.externalstore.dynamodb.store_async import (
     AsyncDynamoDBManifestStore,
     create_table_async,
     open_client,
 )
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.externalstore.dynamodb.store_schema import clear_stamp_cache
+from lancetx.externalstore.dynamodb.uri import canonical_base_uri
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
@@ -53,9 +54,6 @@ from lancetx.externalstore.errors import (
     ServiceUnavailableError,
     ThrottledError,
 )
-from lancetx.externalstore.retry import RetryPolicy
-from lancetx.externalstore.store_schema import clear_stamp_cache
-from lancetx.externalstore.uri import canonical_base_uri
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
 pytestmark = pytest.mark.integration

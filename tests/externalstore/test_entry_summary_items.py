@@ -1,5 +1,5 @@
 """The transaction in brief, and the claim's place in the commit queue, as
-DynamoDB item attributes (``externalstore/dynamodb.py``).
+DynamoDB item attributes (``externalstore/dynamodb/plans.py``).
 
 * Written with the claim and read back whole: operation, uuid, idempotency
   key, queue ticket, claim time (milliseconds).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from lancetx.commit.format.location import TransactionSummary
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.dynamodb import entry_from_item, item_from_entry
+from lancetx.externalstore.dynamodb.plans import entry_from_item, item_from_entry
 from lancetx.externalstore.errors import DynamoDBTarget
 
 TARGET = DynamoDBTarget("t")

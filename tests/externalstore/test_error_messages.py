@@ -19,9 +19,9 @@ from lancetx.commit.errors import (
     StorageOptionError,
     VersionNotFoundError,
 )
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.externalstore.errors import InvalidConfigError
 
 pytestmark = pytest.mark.integration

@@ -26,15 +26,19 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.base import ManifestEntry, Ownership, ownership_of, pointer_flip_done
-from lancetx.externalstore.dynamodb import (
-    DynamoDBConfig,
-    DynamoDBManifestStore,
-    create_table,
-    make_client,
+from lancetx.externalstore.dynamodb.botocore_errors import translate_error
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.retry import (
+    Attempts,
+    ErrorKind,
+    RetryPolicy,
+    backoff_delays,
+    classify,
 )
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore, open_client
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore, create_table
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore, open_client
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
@@ -48,16 +52,8 @@ from lancetx.externalstore.errors import (
     InvalidRequestError,
     ServiceUnavailableError,
     ThrottledError,
-    translate_error,
 )
 from lancetx.externalstore.memory import MemoryManifestStore
-from lancetx.externalstore.retry import (
-    Attempts,
-    ErrorKind,
-    RetryPolicy,
-    backoff_delays,
-    classify,
-)
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from protocol_helpers import batch, ddb_uri, ensure_ddb_table, lancetx_append, p
 
 from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.errors import (
     CorruptManifestError,
     DanglingEntryError,

@@ -43,10 +43,11 @@ from protocol_helpers import (
 import lancetx
 from lancetx.commit.engine.committer import CommitOptions, RetryPolicy, load_parent
 from lancetx.commit.format.naming import VERSIONS_DIR
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore, make_client
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.memory import MemoryManifestStore
 
 ROWS = 4

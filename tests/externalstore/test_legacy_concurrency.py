@@ -39,8 +39,8 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import Committed
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 WRITERS = 16
 APPENDS = 3

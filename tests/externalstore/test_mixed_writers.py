@@ -39,9 +39,9 @@ from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.commit.storage.objectstore import ObjectMeta
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.memory import MemoryManifestStore
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).

@@ -26,13 +26,9 @@ from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.dynamodb import (
-    DynamoDBConfig,
-    DynamoDBManifestStore,
-    create_table,
-    make_client,
-)
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore, create_table
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,

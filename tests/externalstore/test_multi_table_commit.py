@@ -40,8 +40,8 @@ import lancetx.aio
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import ExpectedVersionMismatchError
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.errors import AccessDeniedError, TablesNotColocatedError
 
 

@@ -31,8 +31,8 @@ from lancetx.commit.engine.committer import CommitOptions, commit_transaction, l
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.multi_table import TableCommit
 from lancetx.externalstore.multi_table import commit_many as commit_many_committed
 

@@ -63,11 +63,12 @@ from lancetx.commit.errors import (
 from lancetx.commit.format.listing import list_manifest_locations
 from lancetx.commit.format.naming import NamingScheme, manifest_key
 from lancetx.commit.storage.localstore import LocalObjectStore
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig, DynamoDBManifestStore, make_client
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
     ManifestMissingError,

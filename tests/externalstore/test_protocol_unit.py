@@ -567,9 +567,9 @@ def test_trusted_paths(path: str) -> None:
 def test_store_claim_ambiguous_then_unreadable_item_is_ambiguous() -> None:
     from botocore.exceptions import ClientError
 
-    from lancetx.externalstore.dynamodb import ApiCall, PlanContext, put_if_not_exists_plan
+    from lancetx.externalstore.dynamodb.plans import ApiCall, PlanContext, put_if_not_exists_plan
+    from lancetx.externalstore.dynamodb.retry import RetryPolicy
     from lancetx.externalstore.errors import DynamoDBTarget
-    from lancetx.externalstore.retry import RetryPolicy
 
     def error(code: str, status: int) -> ClientError:
         return ClientError(

@@ -23,14 +23,10 @@ from lancetx.commit.format.listing import list_manifest_locations
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
 from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.dynamodb import (
-    DynamoDBConfig,
-    DynamoDBManifestStore,
-    create_table,
-    make_client,
-)
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore, create_table
 from lancetx.externalstore.errors import (
     EntryMismatchError,
     ManifestCopyMismatchError,

@@ -18,7 +18,6 @@ real pylance:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -40,17 +39,18 @@ from protocol_helpers import (
     pylance_append,
     pylance_create,
 )
+from suite_profile import sized
 
 from lancetx.commit.engine import contention
 from lancetx.commit.engine.committer import CommitOptions, Committed, load_parent
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 ROWS = 5
 #: Writers x appends beside the polling reader (the acceptance run: 4 x 40).
 WRITERS = 4
-APPENDS = int(os.environ.get("LANCETX_PYLANCE_READER_APPENDS", "8"))
+APPENDS = sized("LANCETX_PYLANCE_READER_APPENDS", quick=8, long=40)
 #: How often the reader opens the table (seconds).
 POLL = 0.05
 
@@ -222,6 +222,7 @@ def test_a_reader_finishing_another_writers_version_reads_it_whatever_the_flip_a
     assert rows == 2 * ROWS
 
 
+@pytest.mark.long
 def test_writers_beside_a_polling_pylance_reader_keep_their_queue(
     lake: Lake, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,21 +64,17 @@ from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.aws_clients import clear_client_cache
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
-from lancetx.externalstore import demo
+from lancetx.demo import race as demo
+from lancetx.demo.embedded import DEFAULT_REGION, FAKE_ACCESS_KEY, FAKE_SECRET_KEY, EmbeddedAws
 from lancetx.externalstore.commit_handler import (
     AsyncExternalStoreCommitHandler,
     ExternalStoreCommitHandler,
 )
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig, clear_validation_cache
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.embedded import (
-    DEFAULT_REGION,
-    FAKE_ACCESS_KEY,
-    FAKE_SECRET_KEY,
-    EmbeddedAws,
-)
-from lancetx.externalstore.store_schema import clear_stamp_cache
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store import clear_validation_cache
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.dynamodb.store_schema import clear_stamp_cache
 
 ROWS = 10
 COMMIT = ["PutObject", "PutObject", "PutItem", "CopyObject", "PutItem", "DeleteObject"]

@@ -8,14 +8,10 @@ import logging
 import boto3
 import pytest
 
-from lancetx.externalstore.dynamodb import (
-    DynamoDBConfig,
-    DynamoDBManifestStore,
-    create_table,
-    make_client,
-)
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore, open_client
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore, create_table
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore, open_client
 
 LOGGER = "lancetx.externalstore.dynamodb"
 

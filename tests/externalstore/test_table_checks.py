@@ -1,5 +1,5 @@
 """The checks an ``s3+ddb://`` connection makes beside its first request
-(:mod:`lancetx.externalstore.table_checks`), counted on the server.
+(:mod:`lancetx.externalstore.dynamodb.table_checks`), counted on the server.
 
 The store's layout stamp and the table's moved record are read in one consistent
 BatchGetItem; an IAM policy without ``dynamodb:BatchGetItem`` falls back to two
@@ -22,14 +22,14 @@ from lancetx.commit.engine.committer import load_parent
 from lancetx.commit.format.naming import transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.storage.aws_clients import clear_client_cache
-from lancetx.externalstore import demo
+from lancetx.demo import race as demo
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import clear_validation_cache
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.externalstore.dynamodb.store import clear_validation_cache
+from lancetx.externalstore.dynamodb.store_schema import clear_stamp_cache, write_stamp
+from lancetx.externalstore.dynamodb.table_checks import forget_denials
 from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
 from lancetx.externalstore.moved import record_moved
-from lancetx.externalstore.store_schema import clear_stamp_cache, write_stamp
-from lancetx.externalstore.table_checks import forget_denials
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import commit_transaction, load_parent
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.errors import TableCollisionError
 
 PATH = "shared/events.lance"

@@ -12,15 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table, make_client
-from lancetx.externalstore.embedded import EmbeddedAws
-from lancetx.externalstore.errors import InvalidUriError
-from lancetx.externalstore.uri import (
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import create_table
+from lancetx.externalstore.dynamodb.uri import (
     DynamoDBTableUri,
     canonical_base_uri,
     parse_ddb_uri,
     split_uri,
 )
+from lancetx.externalstore.errors import InvalidUriError
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
 pytestmark = pytest.mark.integration

@@ -29,14 +29,7 @@ from protocol_helpers import (
 from lancetx.commit.engine.committer import Committed, load_parent
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
-from lancetx.externalstore.commit_handler import (
-    AsyncExternalStoreCommitHandler,
-    ExternalStoreCommitHandler,
-)
-from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.embedded import (
+from lancetx.demo.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,
     FAKE_SECRET_KEY,
@@ -44,6 +37,13 @@ from lancetx.externalstore.embedded import (
     InterceptedRequest,
     InterceptedResponse,
 )
+from lancetx.externalstore.commit_handler import (
+    AsyncExternalStoreCommitHandler,
+    ExternalStoreCommitHandler,
+)
+from lancetx.externalstore.connect import connect
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
 from lancetx.externalstore.errors import ManifestMissingError, WedgedVersionError
 from lancetx.externalstore.wedged import find_candidates
 

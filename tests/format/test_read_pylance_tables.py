@@ -52,7 +52,7 @@ from lancetx.commit.format.transaction_file import read_transaction_file
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.s3store import S3ObjectStore
 from lancetx.commit.storage.stores import open_object_store
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.protos import table_pb2
 
 HAVE_SCHEMA = importlib.util.find_spec("lancetx.commit.format.schema") is not None

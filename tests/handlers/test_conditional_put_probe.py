@@ -17,8 +17,8 @@ from protocol_helpers import (
 from lancetx.commit.engine.committer import commit_transaction
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
 from lancetx.commit.handlers.probe import PROBE_DIR, ConditionalPutIgnoredError
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.embedded import EmbeddedAws
 
 
 def _objects(aws: EmbeddedAws, bucket: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ import lancetx
 from lancetx.commit.format.manifest import encode_manifest, read_manifest
 from lancetx.commit.format.naming import parse_manifest_name
 from lancetx.commit.storage.stores import open_object_store
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table

@@ -13,9 +13,9 @@ from cli_helpers import age_objects, make_table, read_versions, run_cli
 from protocol_helpers import batch, lancetx_append
 
 from lancetx.commit.engine.committer import Committed
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.errors import UnsafeThresholdError
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.gc import (
     COMMIT_BUDGET,
     MINIMUM_OLDER_THAN,

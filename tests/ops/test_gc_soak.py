@@ -1,7 +1,7 @@
 """gc every 3 s, forced to a zero threshold, beside every kind of writer and a reader:
 every version stays readable and every acknowledged row stays in the table.
 
-Actors, for ``LANCETX_GC_SOAK_SECONDS`` (default 30; the full profile is 300):
+Actors, for ``LANCETX_GC_SOAK_SECONDS`` (``make test``: 20 s; the long profile: 300 s):
 
 * two lancetx appenders and a pylance ``s3+ddb://`` appender;
 * a streaming writer (``table.writer()``), two batches per commit;
@@ -19,7 +19,6 @@ clean, and gc did delete the failed tasks' files.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -31,19 +30,20 @@ import lance
 import pytest
 from cli_helpers import age_objects, read_versions
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table
+from suite_profile import seconds
 
 import lancetx
 from lancetx.commit.engine.committer import commit_transaction, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import fragment_from_pylance
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table
 
-SOAK_SECONDS = float(os.environ.get("LANCETX_GC_SOAK_SECONDS", "30"))
+SOAK_SECONDS = seconds("LANCETX_GC_SOAK_SECONDS", quick=20, long=300)
 GC_EVERY = 3.0
 OLD = timedelta(hours=2)
 
@@ -214,6 +214,7 @@ def _gc(soak: Soak) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gc_every_three_seconds_beside_writers_a_slow_job_and_a_reader_loses_nothing(
     legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:

@@ -12,7 +12,7 @@ from cli_helpers import DdbTable, age_objects, run_cli
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 
 import lancetx
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table

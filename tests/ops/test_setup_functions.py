@@ -10,9 +10,9 @@ import boto3
 import pytest
 from cli_helpers import DdbTable, make_table
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, read_stamp
 from lancetx.externalstore.errors import DynamoDBTableSchemaError, TableMovedError
-from lancetx.externalstore.store_schema import CURRENT_SCHEMA_VERSION, read_stamp
 from lancetx.ops.create_table import create_manifest_table
 from lancetx.ops.migrate import migrate_to_conditional_put
 from lancetx.ops.status import table_status

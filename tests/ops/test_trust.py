@@ -23,9 +23,9 @@ from lancetx.commit.format.manifest import encode_manifest, read_manifest
 from lancetx.commit.format.naming import parse_manifest_name
 from lancetx.commit.format.transaction_file import read_transaction_file, write_transaction_file
 from lancetx.commit.storage.stores import open_object_store
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.errors import UntrustedReferenceError
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.repair import repair_table

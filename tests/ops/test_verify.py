@@ -10,8 +10,8 @@ import pytest
 from cli_helpers import make_table, run_cli
 from protocol_helpers import batch, lancetx_append
 
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.onboard import onboard_table
 from lancetx.ops.repair import repair_table
 from lancetx.ops.table import open_table

@@ -10,8 +10,8 @@ import boto3
 import lance
 from spark_helpers import spark_options
 
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 README_URI = '"s3+ddb://my-bucket/tables/events.lance?ddbTableName=lance_manifests"'

@@ -10,7 +10,7 @@ import lance
 import pytest
 from spark_helpers import data_files, lance_ids, referenced_files, spark_options
 
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from pyspark_lancetx import last_commit, table_history
 
 

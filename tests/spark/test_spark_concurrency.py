@@ -14,7 +14,7 @@ import pytest
 from protocol_helpers import pylance_append_landing
 from spark_helpers import EXAMPLES, lance_ids, spark_options
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from pyspark_lancetx import table_history
 
 

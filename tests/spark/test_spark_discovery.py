@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 pytestmark = pytest.mark.slow
 

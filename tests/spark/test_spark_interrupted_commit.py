@@ -18,7 +18,7 @@ import pytest
 from claim_faults import AtTheClaim, check_every_version_opens, victim_options
 from spark_helpers import data_files, lance_ids, referenced_files, spark_options
 
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from pyspark_lancetx import last_commit
 
 

@@ -13,8 +13,8 @@ import pytest
 from spark_helpers import data_files, spark_options
 
 import lancetx
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 from pyspark_lancetx import errors as spark_errors
 from pyspark_lancetx import last_commit
 from pyspark_lancetx.errors import SparkOptionError

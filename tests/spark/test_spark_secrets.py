@@ -19,7 +19,7 @@ import pytest
 from spark_helpers import spark_options
 
 import lancetx
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 from pyspark_lancetx.commit import JobCommit
 from pyspark_lancetx.datasource import ScanPlan
 from pyspark_lancetx.options import ReadOptions, WriteOptions

@@ -21,7 +21,7 @@ from lancetx.commit.storage import aws_clients, aws_handlers
 from lancetx.commit.storage.aws_handlers import is_kept
 from lancetx.commit.storage.aws_model_cache import CACHE_ENV
 from lancetx.commit.storage.aws_service_models import CLIENT_OPERATIONS
-from lancetx.externalstore.dynamodb import create_table_request
+from lancetx.externalstore.dynamodb.plans import create_table_request
 
 KEY = {"base_uri": {"S": "s3://b/t.lance"}, "version": {"N": "7"}}
 #: One call of each operation lancetx's clients keep, with the parameters lancetx uses.

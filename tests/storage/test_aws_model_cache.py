@@ -25,7 +25,7 @@ from lancetx.commit.storage.aws_model_cache import (
     TrimmedEndpointResolver,
 )
 from lancetx.commit.storage.aws_service_models import CLIENT_OPERATIONS, trim_service_model
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
 
 
 @pytest.fixture

@@ -29,10 +29,10 @@ from lancetx.commit.storage.aws_service_models import (
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages whose calls run on lancetx's shared clients.
-LIBRARY = ("commit", "externalstore", "lancetx", "pyspark_lancetx")
+LIBRARY = ("commit", "externalstore", "lancetx", "pyspark_lancetx", "demo")
 #: Operations the library names on clients it builds itself with boto3 (the demos
 #: create their bucket), not on lancetx's shared clients.
-OWN_CLIENTS = {("s3", "CreateBucket"): ("externalstore/demo.py", "pyspark_lancetx/demo.py")}
+OWN_CLIENTS = {("s3", "CreateBucket"): ("demo/race.py", "demo/spark.py")}
 
 
 def full_model(service: str) -> dict[str, Any]:

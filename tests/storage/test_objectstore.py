@@ -20,7 +20,7 @@ from lancetx.commit.storage.localstore import TEMP_MARKER, LocalObjectStore, is_
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.s3store import UNKNOWN_SIZE, S3Config, S3ObjectStore
 from lancetx.commit.storage.stores import open_object_store
-from lancetx.externalstore.embedded import DEFAULT_REGION, FAKE_ACCESS_KEY, FAKE_SECRET_KEY
+from lancetx.demo.embedded import DEFAULT_REGION, FAKE_ACCESS_KEY, FAKE_SECRET_KEY
 
 #: Runs against any real S3 + DynamoDB too: make test-localstack (LocalStack S3 + dynalite).
 pytestmark = pytest.mark.integration

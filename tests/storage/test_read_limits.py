@@ -39,7 +39,7 @@ from lancetx.commit.storage.limits import (
 )
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.stores import open_object_store
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.errors import CorruptManifestError
 from lancetx.ops.cleanup import tagged_versions
 from lancetx.ops.table import open_table

@@ -22,7 +22,7 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.stores import open_object_store
-from lancetx.externalstore.embedded import (
+from lancetx.demo.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,
     FAKE_SECRET_KEY,

@@ -18,7 +18,7 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.storage.s3store import UNKNOWN_SIZE, S3Config
 from lancetx.commit.storage.s3store_async import AsyncObjectStore, AsyncS3ObjectStore
-from lancetx.externalstore.embedded import (
+from lancetx.demo.embedded import (
     DEFAULT_REGION,
     FAKE_ACCESS_KEY,
     FAKE_SECRET_KEY,

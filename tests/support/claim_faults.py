@@ -32,7 +32,7 @@ from typing import Any
 
 import lance
 
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 VICTIM_KEY = "victimkey"
 EFFECTS = ("unknown", "sigint", "kill")

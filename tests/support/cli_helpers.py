@@ -18,7 +18,7 @@ import boto3
 import lance
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table, pylance_append, pylance_create
 
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 
 @dataclass

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 #: Writers, by the door they commit through, and how often a schedule draws each.
 WRITER_ROLES = ("lancetx", "async", "pylance", "table", "stream", "fragments", "spark", "many")
@@ -155,7 +155,7 @@ PRELOAD = [
     "lancetx.commit.engine.committer",
     "lancetx.externalstore.connect",
     "lancetx.externalstore.commit_handler",
-    "lancetx.externalstore.dynamodb_async",
+    "lancetx.externalstore.dynamodb.store_async",
     "lancetx.commit.storage.s3store_async",
     "lancetx.ops.cleanup",
     "lancetx.ops.gc",

@@ -50,9 +50,9 @@ from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig
-from lancetx.externalstore.dynamodb_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.uri import parse_ddb_uri
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table

@@ -49,10 +49,11 @@ from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 from lancetx.commit.storage.s3store import conditional_headers
 from lancetx.commit.storage.s3store_async import AsyncObjectStore
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
-from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table, make_client
-from lancetx.externalstore.embedded import EmbeddedAws, InterceptedRequest
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
+from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.externalstore.protocol import (
     CommitOutcome,
     Effect,

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     from lancetx.commit.engine.operations import Append, Transaction
     from lancetx.commit.format.fragments import fragment_from_pylance
     from lancetx.externalstore.connect import connect
-    from lancetx.externalstore.dynamodb import create_table
+    from lancetx.externalstore.dynamodb.store import create_table
 
     creds = {
         "region_name": "us-east-1",

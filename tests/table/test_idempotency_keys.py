@@ -45,9 +45,9 @@ from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.committing import run_verb
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table

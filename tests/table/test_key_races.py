@@ -14,7 +14,6 @@ The two processes start once for the module; each round costs about two commits.
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -25,16 +24,17 @@ import lance
 import pytest
 from key_race_worker import race_rounds
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table, pylance_create
+from suite_profile import sized
 
 from lancetx.commit.engine.committer import IDEMPOTENCY_KEY
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
-from lancetx.externalstore.embedded import EmbeddedAws
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.table import open_table
 
-#: Rounds of the race (the issue's acceptance asks for 20; ``LANCETX_KEY_RACE_ROUNDS``
-#: changes it, e.g. for a quick local run).
-ROUNDS = int(os.environ.get("LANCETX_KEY_RACE_ROUNDS", "20"))
+#: Rounds of the race: the acceptance's 20 in the long profile, 4 in ``make test``
+#: (``LANCETX_KEY_RACE_ROUNDS`` sets it).
+ROUNDS = sized("LANCETX_KEY_RACE_ROUNDS", quick=4, long=20)
 #: Versions cleanup keeps (the others and their DynamoDB items are removed).
 KEPT = ROUNDS // 2
 #: Keys of removed versions committed again after the cleanup (by both processes).
@@ -107,7 +107,8 @@ def _check_rounds(
     return versions
 
 
-@pytest.mark.slow  # two spawned processes, 45 rounds of two commits each
+@pytest.mark.slow  # two spawned processes, ~2.3 x ROUNDS rounds of two commits each
+@pytest.mark.long
 @pytest.mark.parametrize("door", ["commit_fragments", "append"])
 def test_two_processes_commit_one_key_once_before_and_after_cleanup(
     pool: tuple[ProcessPoolExecutor, Any],

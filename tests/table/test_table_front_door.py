@@ -17,8 +17,8 @@ from table_helpers import ddb_uri, ids, pylance_rows
 
 import lancetx
 from lancetx.commit.errors import LancetxError
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 
 
 def _race(jobs: list[Callable[[], Any]]) -> list[Any]:

@@ -18,8 +18,8 @@ from table_helpers import Api, api_fixture, ddb_uri, ids
 import lancetx
 from lancetx.commit.errors import RetryableConflictError
 from lancetx.committing import MAX_REPLANS
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 
 EXPECTED = [i for i in range(200) if not 40 <= i < 100]
 

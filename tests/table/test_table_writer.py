@@ -16,8 +16,8 @@ import pytest
 from table_helpers import Api, WriterFacade, api_fixture, data_files, ddb_uri, ids, pylance_rows
 
 import lancetx
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ import lancetx
 import lancetx.aio
 from lancetx.commit.engine.operations import DataFragment, Update
 from lancetx.commit.format.key_existence import inserted_keys_filter, key_hashes
-from lancetx.externalstore.dynamodb import create_table
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.protos import transaction_pb2
 from lancetx.verbs.merging import MergeSpec, UniqueKey, inserted_key_hashes
 

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             say,
             stdout_console,
         )
-        from lancetx.externalstore.dynamodb import DynamoDBConfig, make_client
+        from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
         from lancetx.ops.create_table import create_manifest_table
 
         options = parse_storage_options(storage_option)

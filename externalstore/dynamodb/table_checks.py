@@ -22,10 +22,16 @@ from __future__ import annotations
 import logging
 import threading
 
-from lancetx.externalstore.dynamodb import DynamoDBManifestStore, entry_from_item, key_of
+from lancetx.externalstore.dynamodb.plans import entry_from_item, key_of
+from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+from lancetx.externalstore.dynamodb.store_schema import (
+    remember_stamp,
+    stamp_checked,
+    stamp_key,
+    stamp_of,
+)
 from lancetx.externalstore.errors import AccessDeniedError, TableMovedError
 from lancetx.externalstore.moved import check_not_moved, moved_key
-from lancetx.externalstore.store_schema import remember_stamp, stamp_checked, stamp_key, stamp_of
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The asyncio DynamoDB manifest store, over aioboto3.
 
 A thin driver: every request is built, parsed, retried and resolved by the
-plans in :mod:`lancetx.externalstore.dynamodb`; :func:`run_plan_async` only
+plans in :mod:`.plans`; :func:`~.drivers.run_plan_async` only
 awaits the client calls and the sleeps those plans ask for.
 """
 
@@ -12,9 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Generic, TypeVar, cast
-
-from botocore.exceptions import BotoCoreError, ClientError
+from typing import Any, Generic, TypeVar
 
 from lancetx.commit.errors import MissingExtraError
 
@@ -26,59 +24,44 @@ except ImportError as exc:  # the sync API never imports this module
 
 from lancetx.commit.handlers.interface import Turns
 from lancetx.externalstore.base import AsyncExternalManifestStore, KeyRecord, ManifestEntry
-from lancetx.externalstore.commit_queue import end_turn_plan, read_turns_plan, take_ticket_plan
-from lancetx.externalstore.dynamodb import (
+from lancetx.externalstore.dynamodb.commit_queue import (
+    end_turn_plan,
+    read_turns_plan,
+    take_ticket_plan,
+)
+from lancetx.externalstore.dynamodb.config import (
     DEFAULT_COMMITTER,
-    METHODS,
     DynamoDBConfig,
+    mark_default_region,
+    target_of,
+    warn_if_sdk_retries,
+)
+from lancetx.externalstore.dynamodb.drivers import run_plan_async
+from lancetx.externalstore.dynamodb.plans import (
     Plan,
     PlanContext,
-    Sleep,
     TableInfo,
-    cached_validation,
     create_table_plan,
     delete_all_plan,
     get_key_plan,
     get_plan,
     latest_plan,
     list_plan,
-    mark_default_region,
     put_all_if_not_exists_plan,
     put_if_exists_plan,
     put_if_not_exists_plan,
     put_with_key_if_not_exists_plan,
-    remember_validation,
-    target_of,
     validate_plan,
-    warn_if_sdk_retries,
 )
+from lancetx.externalstore.dynamodb.retry import DYNAMODB_RETRY, RetryPolicy
+from lancetx.externalstore.dynamodb.store import cached_validation, remember_validation
+from lancetx.externalstore.dynamodb.store_schema import check_stamp_async
+from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.errors import DynamoDBTarget
-from lancetx.externalstore.retry import DYNAMODB_RETRY, RetryPolicy
 
-__all__ = ["AsyncDynamoDBManifestStore", "create_table_async", "open_client", "run_plan_async"]
+__all__ = ["AsyncDynamoDBManifestStore", "create_table_async", "open_client"]
 
 T = TypeVar("T")
-
-
-async def run_plan_async(
-    client: Any, plan: Plan[T], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-) -> T:
-    """Drive ``plan`` with an aiobotocore client: the only I/O of the async store."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = plan.throw(error) if error is not None else plan.send(value)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        value, error = None, None
-        if isinstance(step, Sleep):
-            await sleep(step.seconds)
-            continue
-        try:
-            value = await getattr(client, METHODS[step.operation])(**step.params)
-        except (ClientError, BotoCoreError) as exc:
-            error = exc
 
 
 def open_client(config: DynamoDBConfig | None = None) -> AbstractAsyncContextManager[Any]:
@@ -157,7 +140,7 @@ async def create_table_async(
     timeout: float = 120.0,
     retry: RetryPolicy | None = None,
 ) -> TableInfo:
-    """Async :func:`lancetx.externalstore.dynamodb.create_table`."""
+    """Async :func:`lancetx.externalstore.dynamodb.store.create_table`."""
     ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = await run_plan_async(client, create_table_plan(ctx, wait=wait, timeout=timeout))
     remember_validation(ctx.target, info)
@@ -213,8 +196,6 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         cls: type[S], uri: str, storage_options: Mapping[str, str] | None = None, **kwargs: Any
     ) -> AbstractAsyncContextManager[S]:
         """The store named by ``s3+ddb://bucket/path?ddbTableName=T``."""
-        from lancetx.externalstore.uri import parse_ddb_uri
-
         parsed = parse_ddb_uri(uri)
         return cls.open(parsed.table_name, DynamoDBConfig.from_options(storage_options), **kwargs)
 
@@ -230,8 +211,6 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def validate(self) -> TableInfo:
         """Check the table's layout (cached per process). Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
-        from lancetx.externalstore.store_schema import check_stamp_async
-
         info = cached_validation(self._ctx.target)
         if info is None:
             info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)

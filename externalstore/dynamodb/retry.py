@@ -20,7 +20,7 @@ Our code does; botocore is configured with ``total_max_attempts=1`` (see
   the attempt count, never a generic SDK error and never a crash.
 
 Nothing here sleeps or does I/O: :class:`Attempts` only decides whether and how
-long to wait; the drivers in ``dynamodb.py`` / ``dynamodb_async.py`` sleep.
+long to wait; the drivers (:mod:`.drivers`) sleep.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from botocore.exceptions import (
 )
 
 from lancetx.commit.engine.retry import RetryPolicy
-from lancetx.externalstore.errors import (
-    CONDITION_FAILED_CODE,
+from lancetx.externalstore.dynamodb.botocore_errors import (
     THROTTLING_CODES,
     error_code,
     http_status,
     never_connected,
 )
+from lancetx.externalstore.errors import CONDITION_FAILED_CODE
 
 __all__ = [
     "BOTOCORE_RETRIES",

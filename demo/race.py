@@ -15,8 +15,8 @@ for — then:
 ``--external`` runs the same workload on the S3 and DynamoDB that the
 environment points at (e.g. LocalStack + dynalite, see ``localstack/``),
 configured by environment variables alone. Run ``lancetx-demo --help`` (or
-``python -m lancetx.externalstore.demo --help``) for the knobs. ``make demo`` is
-the Spark version of this race (:mod:`pyspark_lancetx.demo`).
+``python -m lancetx.demo.race --help``) for the knobs. ``make demo`` is
+the Spark version of this race (:mod:`lancetx.demo.spark`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ from lancetx.commit.errors import MissingExtraError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.manifest import data_file_signature, serialized_for_pylance
 from lancetx.commit.format.snapshot import load_snapshot
+from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import TableConnection, connect
-from lancetx.externalstore.dynamodb import DynamoDBConfig, create_table
-from lancetx.externalstore.dynamodb import make_client as make_ddb_client
-from lancetx.externalstore.embedded import EmbeddedAws
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.dynamodb.config import make_client as make_ddb_client
+from lancetx.externalstore.dynamodb.store import create_table
 
 BUCKET = "lancetx-demo"
 DDB_TABLE = "lancetx_demo_manifests"

@@ -13,7 +13,7 @@ and then on one ``s3+ddb://`` table:
    every job exactly once, and each version's row count equal to its parent's
    plus what it appended (or, for the overwrite, exactly what it wrote).
 
-Run ``python -m pyspark_lancetx.demo --help`` for the knobs.
+Run ``python -m lancetx.demo.spark --help`` for the knobs.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def run(spark: Any, append_jobs: int, rows: int, pylance_appends: int) -> bool:
     import lance
     import pyarrow as pa
 
-    from lancetx.externalstore.dynamodb import create_table
-    from lancetx.externalstore.embedded import EmbeddedAws
+    from lancetx.demo.embedded import EmbeddedAws
+    from lancetx.externalstore.dynamodb.store import create_table
     from pyspark_lancetx.commit import ROWS_KEY, table_history
 
     with EmbeddedAws(legacy_s3=True) as aws:

@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lancetx.commit.handlers.interface import Turns
-from lancetx.externalstore.dynamodb import (
+from lancetx.externalstore.dynamodb.plans import (
     ApiCall,
     Plan,
     PlanContext,

@@ -1,70 +1,26 @@
-"""DynamoDB external manifest store, compatible with Lance's ``s3+ddb://`` tables.
+"""The DynamoDB requests of the manifest store as sans-IO plans.
 
-Table layout (Lance's, ``rust/lance-table/src/io/commit/dynamodb.rs``): HASH key
-``base_uri`` (S), RANGE key ``version`` (N); attributes ``path`` (S), ``size``
-(N), ``committer`` (S), optional ``e_tag`` (S), plus lancetx's optional
-``commit_token`` (S), ``bucket`` (S, the bucket of the manifests: Lance's key
-omits it) and the transaction in brief — ``txn_operation``, ``txn_uuid``,
-``txn_idempotency_key`` (S) — with ``claimed_at`` (N, epoch milliseconds) and, for a
-claim made from the commit queue, its ``queue_ticket`` (N); pylance ignores them all.
-
-Key items (lancetx only; see :mod:`lancetx.externalstore.base`): ``base_uri`` (S) =
-the table's ``base_uri`` + ``#lancetx-keys``, ``version`` (N) = the key's slot (63
-bits of its SHA-256), ``idempotency_key`` (S, the key itself: a reader checks it,
-two keys may share a slot), ``claimed_version`` (N), ``txn_uuid`` (S),
-``commit_token`` (S) and ``committer`` (S). pylance queries only its table's own
-``base_uri`` and never sees them. A commit with an idempotency key claims its
-version item and its key item in one ``TransactWriteItems`` (two Puts, each with
-Lance's ``attribute_not_exists`` condition; IAM: ``dynamodb:PutItem``, which a
-writer has already): the same request count as the plain ``PutItem`` it replaces.
-
-Structure (sans-IO): every operation is a *plan*, a generator that yields
-:class:`ApiCall` (perform this DynamoDB request and send me the response, or
-throw the botocore exception into me) and :class:`Sleep` steps, and returns
-the result. Plans hold all request building, response parsing, pagination,
-retries and ambiguity resolution. :func:`run_plan` here and
-``dynamodb_async.run_plan_async`` are the only code that performs I/O, so the
-sync and async stores share everything else.
-
-Differences from Lance, on purpose:
-
-* DescribeTable also checks the key attribute *types* (Lance checks names only;
-  a ``version`` of type S passes there and fails at the first write).
-* ``put_if_not_exists`` asks for ``ReturnValuesOnConditionCheckFailure=ALL_OLD``
-  and tells "the existing item is mine" (an earlier attempt landed) from
-  "another writer's", via the commit token; Lance reports any error as a
-  conflict.
-* ``put_if_exists`` can require ``path = :expected``, so a pointer flip never
-  overwrites a different commit.
-* ``delete_all`` paginates.
-* Our own bounded, jittered retries (see :mod:`lancetx.externalstore.retry`).
-* Endpoint, region and credentials of DynamoDB are configured separately from
-  S3 (:class:`DynamoDBConfig`).
+Every operation is a *plan*, a generator that yields :class:`ApiCall` (perform this
+DynamoDB request and send me the response, or throw the botocore exception into me)
+and :class:`Sleep` steps, and returns the result. Plans hold all request building,
+response parsing, pagination, retries and ambiguity resolution;
+:mod:`.drivers` performs their I/O, so the sync and async stores share everything
+else. The item layout and where it differs from Lance: :mod:`lancetx.externalstore.dynamodb`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import random
-import threading
-import time
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.commit.errors import IdempotencyKeyCollisionError
 from lancetx.commit.format.location import TransactionSummary
-from lancetx.commit.handlers.interface import Turns
-from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name, session_region
-from lancetx.commit.storage.aws_clients import make_client as make_shared_client
-from lancetx.commit.storage.secrets import remember_secrets
 from lancetx.externalstore import base as _base
 from lancetx.externalstore.base import (
-    ExternalManifestStore,
     KeyRecord,
     ManifestEntry,
     Ownership,
@@ -72,8 +28,16 @@ from lancetx.externalstore.base import (
     ownership_of,
     pointer_flip_done,
 )
+from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
+from lancetx.externalstore.dynamodb.config import DEFAULT_COMMITTER
+from lancetx.externalstore.dynamodb.retry import (
+    DYNAMODB_RETRY,
+    Attempts,
+    ErrorKind,
+    RetryPolicy,
+    classify,
+)
 from lancetx.externalstore.errors import (
-    AccessDeniedError,
     AmbiguousWriteError,
     BatchEntryExistsError,
     DynamoDBTableNotFoundError,
@@ -83,57 +47,33 @@ from lancetx.externalstore.errors import (
     EntryMismatchError,
     EntryNotFoundError,
     ExternalStoreError,
-    InvalidConfigError,
-    InvalidRequestError,
     KeyExistsError,
     MalformedEntryError,
     ThrottledError,
-    error_code,
-    translate_error,
 )
-from lancetx.externalstore.preflight import Preflight
-from lancetx.externalstore.retry import (
-    BOTOCORE_RETRIES,
-    DYNAMODB_RETRY,
-    Attempts,
-    ErrorKind,
-    RetryPolicy,
-    classify,
-)
-
-log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_COMMITTER",
-    "DEFAULT_REGION",
-    "DEFAULT_REGION_NOTE",
     "MAX_TRANSACT_ITEMS",
+    "METHODS",
     "ApiCall",
-    "DynamoDBConfig",
-    "DynamoDBManifestStore",
     "Plan",
+    "PlanContext",
     "Sleep",
     "TableInfo",
-    "clear_validation_cache",
-    "create_table",
+    "call_plan",
     "create_table_plan",
+    "create_table_request",
     "entry_from_item",
     "get_key_plan",
     "item_from_entry",
     "item_from_key",
     "key_from_item",
-    "make_client",
+    "key_of",
     "put_all_if_not_exists_plan",
     "put_with_key_if_not_exists_plan",
-    "run_plan",
 ]
 
 T = TypeVar("T")
-
-#: ``committer`` written by lancetx (Lance writes ``"lancedb"``).
-DEFAULT_COMMITTER = "lancetx"
-#: Lance's fallback when no region is configured anywhere.
-DEFAULT_REGION = "us-west-2"
 
 BASE_URI = "base_uri"
 VERSION = "version"
@@ -157,221 +97,6 @@ MAX_VERSION = 2**64 - 1
 #: Lance's condition string, so Lance and lancetx writers exclude each other.
 PUT_IF_NOT_EXISTS_CONDITION = "attribute_not_exists(base_uri) AND attribute_not_exists(version)"
 PUT_IF_EXISTS_CONDITION = "attribute_exists(base_uri) AND attribute_exists(version)"
-
-
-# ============================================================================ config
-
-
-def _first(sources: list[tuple[Mapping[str, str], tuple[str, ...]]]) -> tuple[str, str] | None:
-    for mapping, keys in sources:
-        for key in keys:
-            value = mapping.get(key)
-            if value not in (None, ""):
-                return key, str(value)
-    return None
-
-
-def _number(key: str, raw: str, kind: Callable[[str], float]) -> float:
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise InvalidConfigError(key, raw, "expected a number") from None
-    if value <= 0:
-        raise InvalidConfigError(key, raw, "must be > 0")
-    return value
-
-
-@dataclass(frozen=True)
-class DynamoDBConfig:
-    """How to reach DynamoDB, independently of S3.
-
-    ``None`` fields fall back to boto3's defaults (credential chain, profile
-    region); a missing region finally falls back to Lance's ``us-west-2``.
-    The generic ``AWS_ENDPOINT_URL`` (often an S3-compatible store's endpoint)
-    is never used for DynamoDB, as in Lance.
-    """
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    profile: str | None = None
-    retry: RetryPolicy = field(default=DYNAMODB_RETRY)
-    connect_timeout: float = 5.0
-    read_timeout: float = 10.0
-    max_pool_connections: int = 32
-    committer: str = DEFAULT_COMMITTER
-
-    def __post_init__(self) -> None:
-        # Messages and logs scrub what they were given (lancetx.commit.storage.secrets).
-        remember_secrets(self.secret_access_key, self.session_token)
-
-    @classmethod
-    def from_options(
-        cls, options: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None
-    ) -> DynamoDBConfig:
-        """Build from pylance-style storage options and the environment.
-
-        Option keys are case-insensitive. Precedence, first found wins:
-
-        * endpoint: ``dynamodb_endpoint`` (Lance), ``aws_endpoint_url_dynamodb``;
-          env ``DYNAMODB_ENDPOINT`` (Lance), ``AWS_ENDPOINT_URL_DYNAMODB`` (boto3, delta-rs).
-        * region: ``dynamodb_region``, ``aws_region_dynamodb``; env
-          ``AWS_REGION_DYNAMODB``; then S3's ``aws_region`` / ``region``; env
-          ``AWS_REGION``, ``AWS_DEFAULT_REGION``.
-        * credentials: the ``_dynamodb`` set (``aws_access_key_id_dynamodb``,
-          ``aws_secret_access_key_dynamodb``, ``aws_session_token_dynamodb``,
-          as options or upper-case env vars) if any of it is given, else S3's
-          (``aws_access_key_id`` / ``access_key_id``, ``aws_secret_access_key`` /
-          ``secret_access_key``, ``aws_session_token`` / ``session_token`` /
-          ``token``), else boto3's default chain.
-        * ``dynamodb_profile``; ``dynamodb_max_attempts``,
-          ``dynamodb_connect_timeout``, ``dynamodb_read_timeout`` (seconds),
-          ``dynamodb_committer``.
-        """
-        opts = {k.lower(): v for k, v in (options or {}).items() if v is not None}
-        environ = os.environ if env is None else env
-
-        endpoint = _first(
-            [
-                (opts, ("dynamodb_endpoint", "aws_endpoint_url_dynamodb")),
-                (environ, ("DYNAMODB_ENDPOINT", "AWS_ENDPOINT_URL_DYNAMODB")),
-            ]
-        )
-        region = _first(
-            [
-                (opts, ("dynamodb_region", "aws_region_dynamodb")),
-                (environ, ("AWS_REGION_DYNAMODB",)),
-                (opts, ("aws_region", "region")),
-                (environ, ("AWS_REGION", "AWS_DEFAULT_REGION")),
-            ]
-        )
-        if region is not None and not is_region_name(region[1]):
-            raise InvalidConfigError(region[0], region[1], NOT_A_REGION)
-        ddb_creds = {
-            name: _first([(opts, (f"{name}_dynamodb",)), (environ, (f"{name.upper()}_DYNAMODB",))])
-            for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-        }
-        if any(ddb_creds.values()):
-            key_id, secret, token = (
-                ddb_creds["aws_access_key_id"],
-                ddb_creds["aws_secret_access_key"],
-                ddb_creds["aws_session_token"],
-            )
-            origin = "aws_access_key_id_dynamodb / aws_secret_access_key_dynamodb"
-        else:
-            key_id = _first([(opts, ("aws_access_key_id", "access_key_id"))])
-            secret = _first([(opts, ("aws_secret_access_key", "secret_access_key"))])
-            token = _first([(opts, ("aws_session_token", "session_token", "token"))])
-            origin = "aws_access_key_id / aws_secret_access_key"
-        if (key_id is None) != (secret is None):
-            raise InvalidConfigError(
-                origin, "(one of the pair)", "give both the key id and the secret, or neither"
-            )
-
-        retry = DYNAMODB_RETRY
-        if (raw := opts.get("dynamodb_max_attempts")) is not None:
-            retry = replace(retry, max_attempts=int(_number("dynamodb_max_attempts", raw, int)))
-        kwargs: dict[str, Any] = {}
-        if (raw := opts.get("dynamodb_connect_timeout")) is not None:
-            kwargs["connect_timeout"] = _number("dynamodb_connect_timeout", raw, float)
-        if (raw := opts.get("dynamodb_read_timeout")) is not None:
-            kwargs["read_timeout"] = _number("dynamodb_read_timeout", raw, float)
-        if (raw := opts.get("dynamodb_committer")) is not None:
-            kwargs["committer"] = raw
-        return cls(
-            endpoint_url=endpoint[1] if endpoint else None,
-            region=region[1] if region else None,
-            access_key_id=key_id[1] if key_id else None,
-            secret_access_key=secret[1] if secret else None,
-            session_token=token[1] if token else None,
-            profile=opts.get("dynamodb_profile"),
-            retry=retry,
-            **kwargs,
-        )
-
-    def client_kwargs(
-        self, session_region: str | None = None, config_class: type[BotoConfig] = BotoConfig
-    ) -> dict[str, Any]:
-        """Keyword arguments for ``session.client("dynamodb", **kwargs)``.
-
-        botocore's own retries are off (``total_max_attempts=1``): our loop owns
-        them, see :mod:`lancetx.externalstore.retry`.
-        """
-        botocore_options: dict[str, Any] = {
-            "retries": BOTOCORE_RETRIES,
-            "connect_timeout": self.connect_timeout,
-            "read_timeout": self.read_timeout,
-            "max_pool_connections": self.max_pool_connections,
-            # Never send DynamoDB requests to AWS_ENDPOINT_URL (usually S3's).
-            "ignore_configured_endpoint_urls": True,
-        }
-        kwargs: dict[str, Any] = {
-            "region_name": self.region or session_region or DEFAULT_REGION,
-            "config": config_class(**botocore_options),
-        }
-        if self.endpoint_url:
-            kwargs["endpoint_url"] = self.endpoint_url
-        if self.access_key_id:
-            kwargs["aws_access_key_id"] = self.access_key_id
-            kwargs["aws_secret_access_key"] = self.secret_access_key
-            if self.session_token:
-                kwargs["aws_session_token"] = self.session_token
-        return kwargs
-
-
-def warn_if_sdk_retries(client: Any) -> None:
-    """Warn when ``client`` retries inside botocore: our retry loop must see every
-    attempt to tell a landed claim from a lost one (see :mod:`.retry`)."""
-    retries = getattr(getattr(getattr(client, "meta", None), "config", None), "retries", None)
-    if isinstance(retries, dict) and retries.get("total_max_attempts") == 1:
-        return
-    log.warning(
-        "DynamoDB client %r retries inside botocore (retries=%r): a claim whose first attempt "
-        "landed and whose retries were then throttled would be reported as not applied. Build "
-        "clients with lancetx.externalstore.dynamodb.make_client, or pass "
-        "botocore Config(retries=%r)",
-        client,
-        retries,
-        BOTOCORE_RETRIES,
-    )
-
-
-def make_client(config: DynamoDBConfig | None = None) -> Any:
-    """The process's boto3 DynamoDB client for ``config`` (built on first use, then
-    shared by every store configured the same way; thread-safe).
-
-    With the AWS model cache on (the default) the client has only the operations
-    lancetx needs (see :mod:`lancetx.commit.storage.aws_service_models`); use your own
-    boto3 client for others (Scan, ListTables…)."""
-    config = config or DynamoDBConfig.from_options()
-    configured = config.region or session_region(config.profile)
-    return make_shared_client(
-        "dynamodb",
-        profile=config.profile,
-        # A client on the fallback region says so in every error naming its target.
-        variant="" if configured else "default-region",
-        setup=None if configured else mark_default_region,
-        **config.client_kwargs(configured),
-    )
-
-
-#: Attribute of a DynamoDB client whose region nobody configured (see :func:`target_of`).
-REGION_NOTE_ATTRIBUTE = "_lancetx_region_note"
-#: What errors say about such a region.
-DEFAULT_REGION_NOTE = (
-    "not configured, Lance's default: set the storage option dynamodb_region or "
-    "aws_region, or AWS_REGION"
-)
-
-
-def mark_default_region(client: Any) -> None:
-    """Note on ``client`` that its region is the fallback, not one anybody configured."""
-    setattr(client, REGION_NOTE_ATTRIBUTE, DEFAULT_REGION_NOTE)
-
-
-# ============================================================================ sans-IO core
 
 
 @dataclass(frozen=True)
@@ -1188,326 +913,3 @@ def create_table_plan(
         yield Sleep(delay)
         slept += delay
         delay = min(delay * 2, 1.0)
-
-
-# ============================================================================ sync driver
-
-
-def run_plan(client: Any, plan: Plan[T], sleep: Callable[[float], None] = time.sleep) -> T:
-    """Drive ``plan`` with a boto3 client: the only blocking I/O of the sync store."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = plan.throw(error) if error is not None else plan.send(value)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        value, error = None, None
-        if isinstance(step, Sleep):
-            sleep(step.seconds)
-            continue
-        try:
-            value = getattr(client, METHODS[step.operation])(**step.params)
-        except (ClientError, BotoCoreError) as exc:
-            error = exc
-
-
-# ============================================================================ validation cache
-
-_VALIDATED: dict[tuple[str | None, str | None, str], TableInfo] = {}
-_VALIDATED_LOCK = threading.Lock()
-
-
-_WARNED: set[tuple[str | None, ...]] = set()
-
-
-def _warn_once(key: tuple[str | None, ...]) -> bool:
-    """Whether this is the process's first warning about ``key``."""
-    with _VALIDATED_LOCK:
-        first = key not in _WARNED
-        _WARNED.add(key)
-        return first
-
-
-def validation_key(target: DynamoDBTarget) -> tuple[str | None, str | None, str]:
-    """Cache key of a validated table: (endpoint, region, table)."""
-    return (target.endpoint, target.region, target.table)
-
-
-def cached_validation(target: DynamoDBTarget) -> TableInfo | None:
-    """The cached TableInfo of ``target``, if validated in this process."""
-    with _VALIDATED_LOCK:
-        return _VALIDATED.get(validation_key(target))
-
-
-def remember_validation(target: DynamoDBTarget, info: TableInfo) -> None:
-    """Cache a successful validation (only ACTIVE tables, so a CREATING one is re-checked)."""
-    if info.status == "ACTIVE":
-        with _VALIDATED_LOCK:
-            _VALIDATED[validation_key(target)] = info
-
-
-def clear_validation_cache() -> None:
-    """Forget every validated table (tests; after re-creating a table)."""
-    with _VALIDATED_LOCK:
-        _VALIDATED.clear()
-
-
-def target_of(client: Any, table_name: str) -> DynamoDBTarget:
-    """The target of ``table_name`` as reached through ``client``."""
-    meta = getattr(client, "meta", None)
-    return DynamoDBTarget(
-        table=table_name,
-        region=getattr(meta, "region_name", None),
-        endpoint=getattr(meta, "endpoint_url", None),
-        region_note=getattr(client, REGION_NOTE_ATTRIBUTE, None),
-    )
-
-
-# ============================================================================ sync store
-
-
-def create_table(
-    client: Any,
-    name: str,
-    *,
-    wait: bool = True,
-    timeout: float = 120.0,
-    retry: RetryPolicy | None = None,
-) -> TableInfo:
-    """Create a Lance-layout manifest table (PAY_PER_REQUEST) if it does not exist.
-
-    Waits for ACTIVE and validates the layout; safe when several processes
-    race (the losers wait for the winner's table). Raises DynamoDBTableSchemaError if
-    a table of that name exists with another layout.
-    """
-    ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
-    info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
-    if info.status == "ACTIVE":  # it may be another lancetx's table: same check as opening
-        from lancetx.externalstore.store_schema import check_stamp
-
-        check_stamp(client, name)
-    remember_validation(ctx.target, info)
-    return info
-
-
-class DynamoDBManifestStore(ExternalManifestStore):
-    """The external manifest store on a DynamoDB table (blocking, thread-safe).
-
-    ``client`` is a boto3 DynamoDB client (prefer :func:`make_client`, which
-    turns botocore's retries off so ours see every attempt). With ``validate``
-    the table's layout is checked now, once per (endpoint, region, table) per
-    process (DescribeTable; needs ``dynamodb:DescribeTable``). Without it
-    nothing is sent until the first operation: a missing table then raises
-    DynamoDBTableNotFoundError, and a request DynamoDB rejects on a table not yet
-    validated in this process is checked against the layout (one DescribeTable,
-    on that error only) and raises DynamoDBTableSchemaError when the layout is why; with
-    ``validate_on_write`` as well, the layout is checked beside the store's first
-    write (DescribeTable once per table per process, see :mod:`.preflight`), so reads
-    need no DescribeTable and a writer still learns of another layout from its first
-    write. ``page_size`` bounds the items per Query page (None: DynamoDB's 1 MB pages).
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        table_name: str,
-        *,
-        committer: str = DEFAULT_COMMITTER,
-        retry: RetryPolicy | None = None,
-        page_size: int | None = None,
-        validate: bool = True,
-        validate_on_write: bool = False,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.client = client
-        warn_if_sdk_retries(client)
-        self.table_name = table_name
-        self._ctx = PlanContext(
-            target_of(client, table_name),
-            retry=retry or DYNAMODB_RETRY,
-            committer=committer,
-            page_size=page_size,
-        )
-        self._sleep = sleep
-        self.table_info: TableInfo | None = None
-        #: The layout check beside the first write (None: not asked for).
-        self._write_check = (
-            Preflight(
-                [self._check_layout_for_writes],
-                verdicts=(DynamoDBTableSchemaError, DynamoDBTableNotFoundError),
-            )
-            if validate_on_write
-            else None
-        )
-        if validate:
-            self.validate()
-
-    @classmethod
-    def from_config(
-        cls, table_name: str, config: DynamoDBConfig | None = None, **kwargs: Any
-    ) -> DynamoDBManifestStore:
-        """A store with its own client built from ``config`` (default: options from the environment)."""
-        config = config or DynamoDBConfig.from_options()
-        kwargs.setdefault("retry", config.retry)
-        kwargs.setdefault("committer", config.committer)
-        return cls(make_client(config), table_name, **kwargs)
-
-    @classmethod
-    def from_uri(
-        cls, uri: str, storage_options: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> DynamoDBManifestStore:
-        """The store named by ``s3+ddb://bucket/path?ddbTableName=T``, configured from
-        pylance-style ``storage_options`` (see :meth:`DynamoDBConfig.from_options`)."""
-        from lancetx.externalstore.uri import parse_ddb_uri
-
-        parsed = parse_ddb_uri(uri)
-        return cls.from_config(
-            parsed.table_name, DynamoDBConfig.from_options(storage_options), **kwargs
-        )
-
-    @property
-    def target(self) -> DynamoDBTarget:
-        """Table, region, endpoint and (after validation) ARN."""
-        return self._ctx.target
-
-    def _run(self, plan: Plan[T]) -> T:
-        try:
-            return run_plan(self.client, plan, self._sleep)
-        except InvalidRequestError as exc:
-            # A table of another key layout rejects our keys; say so plainly instead.
-            self._explain_rejection(exc)
-            raise
-        except DynamoDBTableNotFoundError as exc:
-            # Some DynamoDB implementations (dynalite) answer a BatchGetItem whose keys
-            # do not fit the table's layout with "resource not found": ask the table.
-            self._explain_rejection(exc)
-            raise
-
-    def _write(self, plan: Plan[T]) -> T:
-        check = self._write_check
-        if check is None or check.passed:
-            return self._run(plan)
-        if cached_validation(self._ctx.target) is not None:
-            self.validate_layout()  # from the process's cache: nothing sent
-            return self._run(plan)
-        return check.beside(lambda: self._run(plan))
-
-    def _check_layout_for_writes(self) -> None:
-        try:
-            self.validate_layout()
-        except AccessDeniedError as exc:
-            if exc.code != "AccessDeniedException":
-                raise  # the credentials, not the policy: check again at the next write
-            # The policy lacks DescribeTable. A wrong layout still makes DynamoDB reject
-            # our keys, which is explained when it happens; do not ask at every write.
-            if _warn_once(("describe-denied", *validation_key(self._ctx.target))):
-                log.warning(
-                    "cannot check the key layout of DynamoDB table %s before writing: %s",
-                    self._ctx.target.resource,
-                    exc,
-                )
-
-    def _explain_rejection(self, exc: InvalidRequestError | DynamoDBTableNotFoundError) -> None:
-        """Raise DynamoDBTableSchemaError (from ``exc``) when the table's layout is the reason
-        DynamoDB rejected a request; return when the layout is fine (or the table is
-        indeed missing): the caller raises ``exc`` then."""
-        if cached_validation(self._ctx.target) is not None:
-            return
-        try:
-            info = run_plan(self.client, validate_plan(self._ctx), self._sleep)
-        except DynamoDBTableSchemaError as schema:
-            raise schema from exc
-        except DynamoDBTableNotFoundError:
-            return
-        remember_validation(self._ctx.target, info)
-
-    def check_stamp(self) -> int | None:
-        """Refuse a store stamped by a newer lancetx (one GetItem per table per process).
-        Raises StoreSchemaTooNewError, or what reading the table raises (e.g.
-        DynamoDBTableNotFoundError, DynamoDBTableSchemaError)."""
-        from lancetx.externalstore.store_schema import check_stamp_with
-
-        return check_stamp_with(self.client, self.table_name, self._run)
-
-    def validate(self) -> TableInfo:
-        """Check the table's layout and the store's layout stamp (each once per table per
-        process). Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError / StoreSchemaTooNewError."""
-        info = self.validate_layout()
-        self.check_stamp()  # a newer lancetx's layout: refuse
-        return info
-
-    def validate_layout(self) -> TableInfo:
-        """Check the table's key layout (DescribeTable, cached per process). Raises
-        DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
-        info = cached_validation(self._ctx.target)
-        if info is None:
-            info = self._run(validate_plan(self._ctx))
-            remember_validation(self._ctx.target, info)
-        self.table_info = info
-        if info.arn:
-            self._ctx.target = replace(self._ctx.target, arn=info.arn)
-        return info
-
-    def get(self, base_uri: str, version: int) -> ManifestEntry:
-        return self._run(get_plan(self._ctx, base_uri, version))
-
-    def get_items(self, keys: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
-        """The raw items at ``keys`` (None where there is none), in one consistent
-        BatchGetItem (``dynamodb:BatchGetItem``)."""
-        return self._run(batch_get_plan(self._ctx, keys))
-
-    def latest(self, base_uri: str) -> ManifestEntry | None:
-        entry = self._run(latest_plan(self._ctx, base_uri))
-        if entry is None and self._write_check is not None:
-            # Nothing found may be a table of another layout answering our Query (a
-            # hash-only table does); check the layout before anyone concludes from the
-            # absence (e.g. onboards the table). Found items are parsed strictly.
-            self.validate_layout()
-        return entry
-
-    def put_if_not_exists(self, entry: ManifestEntry) -> None:
-        self._write(put_if_not_exists_plan(self._ctx, entry))
-
-    keeps_keys = True
-
-    def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
-        """The version and its idempotency key in one TransactWriteItems (two Puts)."""
-        self._write(put_with_key_if_not_exists_plan(self._ctx, entry, key))
-
-    def get_key(self, base_uri: str, key: str) -> KeyRecord | None:
-        return self._run(get_key_plan(self._ctx, base_uri, key))
-
-    def put_if_exists(
-        self, entry: ManifestEntry, *, expected_path: str | None = None
-    ) -> ManifestEntry | None:
-        return self._write(put_if_exists_plan(self._ctx, entry, expected_path))
-
-    def put_all_if_not_exists(
-        self, entries: Sequence[ManifestEntry], *, request_token: str
-    ) -> None:
-        """All versions claimed in one TransactWriteItems, or none (it has no IAM
-        action of its own: each Put needs ``dynamodb:PutItem`` on its item's key)."""
-        self._write(put_all_if_not_exists_plan(self._ctx, list(entries), request_token))
-
-    def list_entries(self, base_uri: str, since: int = 0) -> list[ManifestEntry]:
-        return self._run(list_plan(self._ctx, base_uri, since))
-
-    def delete_all(self, base_uri: str) -> None:
-        self._write(delete_all_plan(self._ctx, base_uri))
-
-    def take_ticket(self, base_uri: str) -> Turns:
-        """Join ``base_uri``'s commit queue (see :mod:`lancetx.externalstore.commit_queue`)."""
-        from lancetx.externalstore.commit_queue import take_ticket_plan
-
-        return self._write(take_ticket_plan(self._ctx, base_uri))
-
-    def read_turns(self, base_uri: str) -> Turns:
-        from lancetx.externalstore.commit_queue import read_turns_plan
-
-        return self._run(read_turns_plan(self._ctx, base_uri))
-
-    def end_turn(self, base_uri: str, ticket: int, version: int | None = None) -> None:
-        from lancetx.externalstore.commit_queue import end_turn_plan
-
-        self._write(end_turn_plan(self._ctx, base_uri, ticket, version))

@@ -20,15 +20,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lancetx.externalstore.dynamodb import (
-    ApiCall,
-    Plan,
-    PlanContext,
-    call_plan,
-    run_plan,
-    target_of,
-)
-from lancetx.externalstore.errors import StoreSchemaTooNewError
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
+from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.drivers import run_plan, run_plan_async
+from lancetx.externalstore.dynamodb.plans import ApiCall, Plan, PlanContext, call_plan
+from lancetx.externalstore.errors import CONDITION_FAILED_CODE, StoreSchemaTooNewError
 
 #: The reserved item's hash key.
 STAMP_BASE_URI = "__lancetx_schema__"
@@ -68,10 +66,6 @@ def read_stamp(client: Any, table: str) -> int | None:
 
 def write_stamp(client: Any, table: str, schema_version: int) -> None:
     """Stamp ``table`` with ``schema_version``; never lowers an existing stamp."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from lancetx.externalstore.errors import CONDITION_FAILED_CODE, error_code, translate_error
-
     try:
         client.put_item(
             TableName=table,
@@ -144,8 +138,6 @@ def check_stamp_with(
 
 async def check_stamp_async(client: Any, table: str) -> int | None:
     """:func:`check_stamp` with an aiobotocore client."""
-    from lancetx.externalstore.dynamodb_async import run_plan_async
-
     key = _cache_key(client, table)
     with _LOCK:
         cached = key in _CHECKED
