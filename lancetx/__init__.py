@@ -11,6 +11,13 @@ Every write verb commits one version through lancetx (pylance writes the data, n
 the commit). ``lancetx.aio`` has the same verbs for asyncio. The layers below are
 importable on their own: ``lancetx.commit`` (format, storage, handlers, engine) and
 ``lancetx.externalstore``.
+
+Every error is a :class:`LancetxError`; each one is exported here and by
+:mod:`lancetx.errors`, whose docstring draws the whole tree, and
+``LancetxError.retryable`` says whether a call may simply be made again. Writers
+that write fragments elsewhere (Spark, worker processes) commit them with
+:func:`commit_fragments` or :meth:`Table.commit_fragments` and apply lancetx's
+deletion rule to their files with :class:`WrittenFiles`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The driver side of a Spark write: ONE transaction per job (or per micro-batch).
 
 A job's tasks report fragments written as a new dataset (fresh field ids).
-:func:`commit_job` hands them to the front door, :func:`lancetx.commit_fragments`,
-which commits them as one Append (or Overwrite, or — with ``merge_schema`` and new
+:func:`commit_job` hands them to the front door, one :class:`lancetx.Table` per
+job (:meth:`~lancetx.Table.commit_fragments`), which commits them as one Append (or Overwrite, or — with ``merge_schema`` and new
 columns — one Merge adding the columns and the fragments together): field ids
 mapped onto the table's by column path, a table that does not exist yet created
 strictly (of racing creators one wins, the others append), lost races retried by
@@ -11,8 +11,9 @@ batch id) looked for so a job is never committed twice.
 
 What this module adds is the job's view of the outcome:
 
-* an unknown outcome (the claim may have landed, the answer was lost) is settled
-  by committing again with the same key until the job's time budget runs out —
+* an error marked ``retryable`` (:attr:`lancetx.LancetxError.retryable`: a
+  throttled or unreachable store, an unknown outcome — the claim may have landed,
+  the answer was lost) is settled by committing again with the same key until the job's time budget runs out —
   the front door then finds the version that holds the key instead of committing
   twice; after such an attempt no data file is deleted (a version may reference
   it), and an unsettled outcome is a typed :class:`JobCommitUnknownError`;
@@ -22,12 +23,12 @@ What this module adds is the job's view of the outcome:
 * a job found already committed (a re-run with the same ``job_id``, a replayed
   micro-batch) removes the files no version references.
 
-Whether the job's files may be deleted is decided by the one rule of
-:mod:`lancetx.commit.engine.unreferenced`, here and in the data source's ``abort()``.
+Whether the job's files may be deleted is decided by lancetx's one rule, which
+:class:`lancetx.WrittenFiles` applies, here and in the data source's ``abort()``.
 
 Streams: a micro-batch is keyed by stream id (the query id, stable across restarts
 from one checkpoint) and batch id. Before committing, the stream's newest commit
-is looked up (history newest-first, stopping there): a batch id at or beyond ours
+is looked up (:meth:`lancetx.Table.walk_history`, newest first, stopping there): a batch id at or beyond ours
 means ours is in (Delta's ``txnAppId``/``txnVersion`` idea, in one transaction per
 batch).
 """
