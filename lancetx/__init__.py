@@ -23,7 +23,7 @@ deletion rule to their files with :class:`WrittenFiles`.
 from __future__ import annotations
 
 from lancetx.commit.package_version import installed_version
-from lancetx.committing import CommitResult
+from lancetx.committing import CommitResult, check_idempotency_key
 from lancetx.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
@@ -55,10 +55,12 @@ from lancetx.errors import (
     IncompatibleConflictError,
     InvalidCommitError,
     InvalidConfigError,
+    InvalidIdempotencyKeyError,
     InvalidPredicateError,
     InvalidRequestError,
     InvalidTransactionError,
     InvalidUriError,
+    InvalidWriteParamError,
     JobCommitTimeoutError,
     JobCommitUnknownError,
     KeyAlreadyCommittedError,
@@ -162,10 +164,12 @@ __all__ = [
     "IncompatibleConflictError",
     "InvalidCommitError",
     "InvalidConfigError",
+    "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
     "InvalidRequestError",
     "InvalidTransactionError",
     "InvalidUriError",
+    "InvalidWriteParamError",
     "JobCommitTimeoutError",
     "JobCommitUnknownError",
     "KeyAlreadyCommittedError",
@@ -234,6 +238,7 @@ __all__ = [
     "WriterClosedError",
     "WrittenFiles",
     "__version__",
+    "check_idempotency_key",
     "check_schema",
     "commit_fragments",
     "commit_many",

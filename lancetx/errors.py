@@ -24,6 +24,8 @@ bracket this module)::
     │   ├── ReadOnlyTableError             a write on a checkout() view
     │   └── WriterClosedError              a streaming writer used after commit()/abort()
     ├── ArgumentTypeError                  a public call's argument has the wrong type (also a TypeError)
+    ├── InvalidIdempotencyKeyError         an empty, non-UTF-8 or too long idempotency key (also a ValueError)
+    ├── InvalidWriteParamError             a write parameter pylance cannot take (also a TypeError, ValueError)
     ├── InvalidUriError                    [commit] a table URI we cannot open (also a ValueError)
     ├── StorageOptionError                 [commit] a storage option we cannot use (also a ValueError)
     ├── MissingExtraError                  [commit] an extra's packages are absent (also an ImportError)
@@ -210,6 +212,36 @@ class ArgumentTypeError(LancetxError, TypeError):
             f"{call}(): argument {argument!r} must be {expected}, got "
             f"{type(value).__name__} {shown}{hint}. Signature: {signature}"
         )
+
+
+class InvalidIdempotencyKeyError(LancetxError, ValueError):
+    """An idempotency key that cannot name a commit: empty (it would be taken for "no
+    key" and the commit would land again on every retry), not valid UTF-8, or longer
+    than ``limit`` bytes. Nothing was read or written."""
+
+    def __init__(self, key: str, problem: str, limit: int) -> None:
+        self.key = key
+        self.problem = problem
+        self.limit = limit
+        shown = repr(key)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        super().__init__(
+            f"idempotency key {shown} {problem}: pass a non-empty text of at most {limit} "
+            "UTF-8 bytes that names this commit (a job id, a batch id), or "
+            "idempotency_key=None for a commit without one"
+        )
+
+
+class InvalidWriteParamError(LancetxError, TypeError, ValueError):
+    """A write parameter (``**write_params`` of append, overwrite, write_table and the
+    streaming writer, handed to ``lance.fragment.write_fragments``) that cannot be
+    used: lancetx's own, unknown to pylance, or a bad value. Nothing was written."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name = name
+        self.problem = problem
+        super().__init__(f"write parameter {name!r}: {problem}")
 
 
 class TableError(LancetxError):
@@ -528,10 +560,12 @@ __all__ = [
     "IncompatibleConflictError",
     "InvalidCommitError",
     "InvalidConfigError",
+    "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
     "InvalidRequestError",
     "InvalidTransactionError",
     "InvalidUriError",
+    "InvalidWriteParamError",
     "JobCommitTimeoutError",
     "JobCommitUnknownError",
     "KeyAlreadyCommittedError",

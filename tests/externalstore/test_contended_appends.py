@@ -105,7 +105,10 @@ def race(uri: str, options: dict[str, str], systems: list[str]) -> list[dict[str
 @pytest.mark.slow  # ~40 s per case on 2 idle cores (10 spawned writer processes)
 @pytest.mark.parametrize(
     "systems",
-    [["lancetx"] * 10, ["lancetx"] * 8 + ["pylance"] * 2],
+    [
+        ["lancetx"] * 10,
+        pytest.param(["lancetx"] * 8 + ["pylance"] * 2, marks=pytest.mark.long_only),
+    ],
     ids=["10-lancetx", "8-lancetx-2-pylance"],
 )
 def test_ten_writers_times_ten_appends_all_land(

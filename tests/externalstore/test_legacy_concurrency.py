@@ -122,6 +122,7 @@ def test_sixteen_writer_threads_append_without_loss(shared: Shared) -> None:
     assert log.with_conditional_headers() == []
 
 
+@pytest.mark.long_only  # minutes of CPU: CI's long pass (LANCETX_TEST_PROFILE=long)
 def test_sixteen_writers_in_spawned_processes_append_without_loss(shared: Shared) -> None:
     processes, threads = 8, 2
     context = multiprocessing.get_context("spawn")

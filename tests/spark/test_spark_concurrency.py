@@ -76,6 +76,7 @@ def test_four_spark_jobs_and_a_pylance_writer_append_exactly_once(
 
 
 @pytest.mark.slow
+@pytest.mark.long_only  # minutes of CPU: CI's long pass (LANCETX_TEST_PROFILE=long)
 def test_two_spark_applications_append_exactly_once(
     legacy_aws: EmbeddedAws, ddb_uri: str, storage: dict[str, str]
 ) -> None:

@@ -21,7 +21,8 @@ import pytest
 
 from lancetx.demo.embedded import EmbeddedAws
 
-pytestmark = pytest.mark.slow
+# Each test starts its own Spark applications (minutes of CPU): CI's long pass runs them.
+pytestmark = [pytest.mark.slow, pytest.mark.long_only]
 
 DRIVER = r"""
 import json, logging, sys
