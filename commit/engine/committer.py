@@ -111,13 +111,16 @@ from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.engine.turns import QueueTurn, end_turn_steps, join_queue, wait_for_turn
 from lancetx.commit.engine.unreferenced import Claim, keep, may_delete, note_claim
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
     InvalidCommitError,
+    KeyAlreadyCommittedError,
     LancetxError,
     RetriesExhaustedError,
     RetryableConflictError,
     UnfinishedParentError,
+    VersionAlreadyExistsError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.fragments import unsafe_file_paths
@@ -129,13 +132,7 @@ from lancetx.commit.format.manifest import (
 )
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
-from lancetx.commit.handlers.interface import (
-    AsyncCommitHandler,
-    CommitHandler,
-    CommitStateUnknownError,
-    KeyAlreadyCommittedError,
-    VersionAlreadyExistsError,
-)
+from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)

@@ -44,13 +44,17 @@ from lancetx.commit.engine.operations import (
     Transaction,
 )
 from lancetx.commit.engine.txn_cache import TRANSACTIONS
-from lancetx.commit.errors import InvalidCommitError, LancetxError, ObjectNotFoundError
+from lancetx.commit.errors import (
+    InvalidCommitError,
+    KeyAlreadyCommittedError,
+    LancetxError,
+    ObjectNotFoundError,
+)
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.naming import transaction_key
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.format.versioning import LIBRARY_NAME
-from lancetx.commit.handlers.interface import KeyAlreadyCommittedError
 from lancetx.commit.storage.limits import TRANSACTION
 from lancetx.protos import table_pb2, transaction_pb2
 
