@@ -72,7 +72,7 @@ class GetTail:
 
 @dataclass(frozen=True)
 class PutObject:
-    """Write (or overwrite) an object (result: ignored)."""
+    """Write (or overwrite) an object (result: its ObjectMeta)."""
 
     key: str
     data: bytes
