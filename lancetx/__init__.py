@@ -28,11 +28,17 @@ from lancetx.errors import (
     ArgumentTypeError,
     ForeignFragmentError,
     InvalidPredicateError,
+    InvalidTagNameError,
     PylanceCommitsItselfError,
     ReadOnlyTableError,
     SchemaMismatchError,
     TableError,
     TableExistsError,
+    TagError,
+    TagExistsError,
+    TagNotFoundError,
+    TagOnBranchError,
+    TagTargetRemovedError,
     UnknownColumnError,
     UnsupportedInputError,
     WriterClosedError,
@@ -40,6 +46,7 @@ from lancetx.errors import (
 from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many
 from lancetx.table import MergeInsertBuilder, Table, commit_fragments, connect, open, write_table
+from lancetx.tags import TagInfo, Tags
 from lancetx.writer import TableWriter
 
 __version__: str = installed_version()  # "0.0.0+unknown" in a source tree never installed
@@ -52,6 +59,7 @@ __all__ = [
     "ForeignFragmentError",
     "IdempotencyKeyCollisionError",
     "InvalidPredicateError",
+    "InvalidTagNameError",
     "LancetxError",
     "MergeInsertBuilder",
     "PylanceCommitsItselfError",
@@ -61,6 +69,13 @@ __all__ = [
     "TableError",
     "TableExistsError",
     "TableWriter",
+    "TagError",
+    "TagExistsError",
+    "TagInfo",
+    "TagNotFoundError",
+    "TagOnBranchError",
+    "TagTargetRemovedError",
+    "Tags",
     "UnknownColumnError",
     "UnsupportedInputError",
     "VersionInfo",
