@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from lancetx.commit.format import naming
 from lancetx.commit.errors import ObjectNotFoundError
+from lancetx.commit.format import naming
 from lancetx.commit.format.retention import TAGS_DIR, TagFileError, tags_prefix
 from lancetx.commit.storage.limits import TAG, read_capped
 from lancetx.commit.storage.objectstore import ObjectStore
@@ -99,7 +99,7 @@ def _parse_timestamp(value: object) -> datetime | None:
     head, dot, rest = text.partition(".")
     if dot:  # Python takes at most 6 fractional digits
         digits = "".join(c for c in rest[:9] if c.isdigit())
-        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits) :]}"
     try:
         return datetime.fromisoformat(text)
     except ValueError:

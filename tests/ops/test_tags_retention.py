@@ -56,8 +56,12 @@ def test_cleanup_keep_versions_1_keeps_tagged_versions_readable_and_every_comman
             for ref in (version, name) if name else (version,):
                 ours = lancetx.open(uri, options, version=ref).to_table()
                 theirs = lance.dataset(uri, version=ref, storage_options=options).to_table()
-                assert ours.sort_by([("seq", "ascending"), ("i", "ascending")]).equals(expected[version].sort_by([("seq", "ascending"), ("i", "ascending")])), ref
-                assert theirs.sort_by([("seq", "ascending"), ("i", "ascending")]).equals(expected[version].sort_by([("seq", "ascending"), ("i", "ascending")])), ref
+                assert ours.sort_by([("seq", "ascending"), ("i", "ascending")]).equals(
+                    expected[version].sort_by([("seq", "ascending"), ("i", "ascending")])
+                ), ref
+                assert theirs.sort_by([("seq", "ascending"), ("i", "ascending")]).equals(
+                    expected[version].sort_by([("seq", "ascending"), ("i", "ascending")])
+                ), ref
         assert lancetx.open(uri, options).checkout("pylance-v5").version == 5
         assert [v.version for v in lancetx.open(uri, options).history()] == [2, 5, 7]
 

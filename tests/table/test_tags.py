@@ -146,7 +146,7 @@ def test_a_tag_that_exists_is_refused_and_kept(tmp_path: Path) -> None:
 
 def test_a_version_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     table = _local_table(tmp_path)
-    with pytest.raises(lancetx.VersionNotFoundError, match="version 9 .*versions 1, 2, 3, 4"):
+    with pytest.raises(lancetx.VersionNotFoundError, match=r"version 9 .*versions 1, 2, 3, 4"):
         table.tags.create("far", 9)
     assert table.tags.list() == {}
     table.tags.create("near", 4)
