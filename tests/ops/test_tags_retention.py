@@ -126,3 +126,37 @@ def test_tags_at_several_depths_keep_their_versions_through_cleanup_and_gc(
         )
     assert _rows(lancetx.open(uri, options)) == before[8]
     assert [v.version for v in lancetx.open(uri, options).history()] == [1, 4, 8]
+
+
+def test_a_version_tagged_while_cleanup_removes_it_is_put_back(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other half of the race ``tags.create`` checks for: the tag is written after
+    the cleanup read the tags and its creator's check runs before the manifest goes.
+    The cleanup reads the tags again after deleting manifests and puts the version
+    back (deterministic: the tag is created inside the cleanup's delete)."""
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "t.lance", ddb_table_name)
+    table = lancetx.write_table(uri, batch("w", 0, 2), storage_options=options)
+    table.overwrite(batch("w", 1, 2))  # v2: files only v2 references
+    table.overwrite(batch("w", 2, 2))  # v3
+    table.append(batch("w", 3, 2))  # v4
+    expected = _rows(table.checkout(2))
+    ops = open_table(uri, options)
+    delete = ops.store.delete
+
+    def tag_then_delete(key: str) -> None:
+        if "/_versions/" in key and not table.tags.list():
+            assert table.tags.create("late", 2).version == 2  # its check passes: still there
+        delete(key)
+
+    monkeypatch.setattr(ops.store, "delete", tag_then_delete)
+    report = cleanup_versions(ops, keep_versions=1)
+    monkeypatch.undo()
+    assert report.ok and report.removed_versions == [1, 3]
+    assert 2 in report.kept_versions
+    assert _rows(lancetx.open(uri, options, version="late")) == expected
+    assert lance.dataset(uri, version="late", storage_options=options).count_rows() == 2
+    assert verify_table(ops, deep=True, all_versions=True).ok
+    assert [v.version for v in lancetx.open(uri, options).history()] == [2, 4]
