@@ -66,6 +66,8 @@ def test_cleanup_keep_versions_1_keeps_tagged_versions_readable_and_every_comman
         assert [v.version for v in lancetx.open(uri, options).history()] == [2, 5, 7]
 
     readable_everywhere()
+    status = run_cli(legacy_aws, "status", uri, "--json")
+    assert status.code == 0 and status.json["tags"] == {"lancetx-v2": 2, "pylance-v5": 5}
     for command in (["verify"], ["gc", "--older-than", "7d", "--delete"], ["cleanup"]):
         extra = ["--keep-versions", "1"] if command == ["cleanup"] else []
         ran = run_cli(legacy_aws, command[0], uri, *command[1:], *extra, "--json")
