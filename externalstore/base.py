@@ -227,6 +227,9 @@ class ExternalManifestStore(abc.ABC):
     #: the key with the version, :meth:`get_key` reads it back).
     keeps_keys: bool = False
 
+    #: The most versions :meth:`put_all_if_not_exists` claims at once (None: no limit).
+    max_claim_entries: int | None = None
+
     def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
         """Claim ``entry.version`` and ``key`` at once, all or nothing: each is
         inserted only if absent (the key at its :func:`key_slot` in the table's key
@@ -337,6 +340,9 @@ class AsyncExternalManifestStore(abc.ABC):
 
     #: See :attr:`ExternalManifestStore.keeps_keys`.
     keeps_keys: bool = False
+
+    #: See :attr:`ExternalManifestStore.max_claim_entries`.
+    max_claim_entries: int | None = None
 
     async def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
         """See :meth:`ExternalManifestStore.put_with_key_if_not_exists`."""

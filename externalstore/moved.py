@@ -13,7 +13,11 @@ version 0), which pylance never queries.
 from __future__ import annotations
 
 from lancetx.commit.errors import LancetxError
-from lancetx.externalstore.base import ExternalManifestStore, ManifestEntry
+from lancetx.externalstore.base import (
+    AsyncExternalManifestStore,
+    ExternalManifestStore,
+    ManifestEntry,
+)
 from lancetx.externalstore.errors import EntryNotFoundError
 
 #: Prefix of the hash key of a moved-table record.
@@ -64,10 +68,22 @@ def check_not_moved(entries: ExternalManifestStore, base_uri: str, table: str) -
         raise TableMovedError(base_uri, table, record.path)
 
 
+async def check_not_moved_async(
+    entries: AsyncExternalManifestStore, base_uri: str, table: str
+) -> None:
+    """:func:`check_not_moved` for an asyncio store."""
+    try:
+        record = await entries.get(moved_key(base_uri), 0)
+    except EntryNotFoundError:
+        return
+    raise TableMovedError(base_uri, table, record.path)
+
+
 __all__ = [
     "MOVED_PREFIX",
     "TableMovedError",
     "check_not_moved",
+    "check_not_moved_async",
     "moved_key",
     "moved_record",
     "record_moved",

@@ -83,7 +83,6 @@ from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.externalstore.base import ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection
-from lancetx.externalstore.dynamodb.plans import MAX_TRANSACT_ITEMS
 from lancetx.externalstore.errors import TablesNotColocatedError, VersionsAlreadyExistError
 from lancetx.externalstore.protocol import (
     Staged,
@@ -210,13 +209,19 @@ def _store_key(entries: ExternalManifestStore) -> object:
 def _validate(commits: Sequence[TableCommit]) -> list[ExternalStoreCommitHandler]:
     if not commits:
         raise ValueError("commit_many needs at least one table")
-    if len(commits) > MAX_TRANSACT_ITEMS:
-        raise InvalidCommitError(
-            ", ".join(c.uri for c in commits[:3]) + ", ...",
-            f"{len(commits)} tables in one atomic commit; DynamoDB claims at most "
-            f"{MAX_TRANSACT_ITEMS} versions in one TransactWriteItems",
-        )
     handlers = [c.connection.handler for c in commits]
+    limits = {
+        (type(h.entries).__name__, h.entries.max_claim_entries)
+        for h in handlers
+        if isinstance(h, ExternalStoreCommitHandler) and h.entries.max_claim_entries is not None
+    }
+    for store, limit in sorted(limits, key=lambda pair: pair[1]):
+        if len(commits) > limit:
+            raise InvalidCommitError(
+                ", ".join(c.uri for c in commits[:3]) + ", ...",
+                f"{len(commits)} tables in one atomic commit; {store} claims at most "
+                f"{limit} versions at once",
+            )
     keys = {
         _store_key(h.entries) if isinstance(h, ExternalStoreCommitHandler) else None
         for h in handlers

@@ -23,10 +23,9 @@ import asyncio
 import logging
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -40,9 +39,6 @@ from lancetx.commit.engine.committer import (
 from lancetx.commit.engine.unreferenced import may_delete
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
-from lancetx.commit.storage.limits import ReadLimits
-from lancetx.commit.storage.s3store import S3Config
-from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.committing import (
     Commit,
     CommitArgs,
@@ -57,10 +53,7 @@ from lancetx.committing import (
     verb_steps,
 )
 from lancetx.errors import ReadOnlyTableError, TableExistsError
-from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
-from lancetx.externalstore.dynamodb.config import DynamoDBConfig
-from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
+from lancetx.externalstore.connect import open_async_handler
 from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
@@ -77,55 +70,6 @@ R = TypeVar("R")
 
 
 log = logging.getLogger(__name__)
-
-
-class _AsyncHandlerContext:
-    """See :func:`open_async_handler`. A class, not an async generator: an event loop
-    closes every async generator still open when it shuts down, all at once, and one
-    whose cleanup awaits another's then fails ("aclose(): asynchronous generator is
-    already running"). Nothing a table keeps open may be one."""
-
-    def __init__(self, state: TableState) -> None:
-        self._state = state
-        self._stack = AsyncExitStack()
-
-    async def __aenter__(self) -> AsyncCommitHandler | None:
-        uri = self._state.uri
-        if not uri.lower().startswith("s3+ddb://"):
-            return None
-        parsed = parse_ddb_uri(uri)
-        options = self._state.conn.storage_options
-        bucket = urlsplit(parsed.s3_uri).netloc
-        try:
-            store = await self._stack.enter_async_context(
-                AsyncS3ObjectStore(bucket, config=S3Config.from_options(options), legacy=True)
-            )
-            entries = await self._stack.enter_async_context(
-                AsyncDynamoDBManifestStore.open(
-                    parsed.table_name, DynamoDBConfig.from_options(options)
-                )
-            )
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        store.read_limits = ReadLimits.from_options(options)
-        return AsyncExternalStoreCommitHandler(store, entries)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stack.__aexit__(exc_type, exc, tb)
-
-
-def open_async_handler(
-    state: TableState,
-) -> AbstractAsyncContextManager[AsyncCommitHandler | None]:
-    """An async commit handler (aioboto3) for an ``s3+ddb://`` table, closed on exit;
-    None for other tables (their commits run the synchronous loop in a worker thread)."""
-    return _AsyncHandlerContext(state)
 
 
 class _LeftOpen:
@@ -209,9 +153,9 @@ async def run_verb_async(
     """Plan and commit one verb: :func:`~lancetx.committing.verb_steps`, driven with await.
 
     ``handler``: an open async commit handler to use; when None, one is opened for
-    this verb (``s3+ddb://`` tables) and closed after it."""
-    if handler is None and state.uri.lower().startswith("s3+ddb://"):
-        async with open_async_handler(state) as opened:
+    this verb (tables that have one: ``s3+ddb://``) and closed after it."""
+    if handler is None:
+        async with open_async_handler(state.conn) as opened:
             return await _drive(state, plan, args, flags, opened)
     return await _drive(state, plan, args, flags, handler)
 
@@ -304,7 +248,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
             return self._handler
         stack = AsyncExitStack()
         try:
-            handler = await stack.enter_async_context(open_async_handler(self._state))
+            handler = await stack.enter_async_context(open_async_handler(self._state.conn))
             await _close_at_loop_shutdown(id(stack), stack)
         except BaseException:
             await stack.aclose()

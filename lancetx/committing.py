@@ -52,7 +52,8 @@ from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.handlers.interface import CommitStateUnknownError, KeyAlreadyCommittedError
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.errors import TableExistsError
+from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
+from lancetx.externalstore.connect import scheme_of
 from lancetx.protos import table_pb2
 from lancetx.state import TableState
 
@@ -82,6 +83,30 @@ class CommitResult:
     plans: int = 1
 
 
+#: The longest idempotency key, in UTF-8 bytes: it is stored in the transaction and in
+#: DynamoDB items (at most 400 KB each), and a key is a name, not a payload.
+MAX_IDEMPOTENCY_KEY_BYTES = 64 * 1024
+
+
+def check_idempotency_key(key: str | None) -> None:
+    """Raise InvalidIdempotencyKeyError for a key that cannot name a commit (empty,
+    not UTF-8, over :data:`MAX_IDEMPOTENCY_KEY_BYTES`); None is "no key"."""
+    if key is None:
+        return
+    limit = MAX_IDEMPOTENCY_KEY_BYTES
+    if not key:
+        # The engine stores no key for "": every retry would commit again.
+        raise InvalidIdempotencyKeyError(key, "is empty", limit)
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidIdempotencyKeyError(
+            key, f"is not valid UTF-8 ({exc.reason} at character {exc.start})", limit
+        ) from None
+    if size > limit:
+        raise InvalidIdempotencyKeyError(key, f"is {size} bytes long", limit)
+
+
 @dataclass(frozen=True)
 class CommitArgs:
     """The caller's metadata and strictness for one commit (every verb takes these).
@@ -98,6 +123,9 @@ class CommitArgs:
     expected_version: int | None = None
     idempotency_since: int = 0
     retry: RetryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        check_idempotency_key(self.idempotency_key)
 
     def options(self, table_uri: str | None = None) -> CommitOptions:
         options = CommitOptions(
@@ -223,7 +251,7 @@ def discard(
 
 def claim_of(state: TableState, txn: Transaction | None, args: CommitArgs) -> Claim:
     """What settles the outcome of committing ``txn`` to the table of ``state``."""
-    external = state.uri.lower().startswith("s3+ddb://")
+    external = scheme_of(state.uri).external
     return Claim(
         table_uri=state.uri,
         transaction_uuid=txn.uuid if txn is not None else None,

@@ -32,6 +32,36 @@ class ArgumentTypeError(LancetxError, TypeError):
         )
 
 
+class InvalidIdempotencyKeyError(LancetxError, ValueError):
+    """An idempotency key that cannot name a commit: empty (it would be taken for "no
+    key" and the commit would land again on every retry), not valid UTF-8, or longer
+    than ``limit`` bytes. Nothing was read or written."""
+
+    def __init__(self, key: str, problem: str, limit: int) -> None:
+        self.key = key
+        self.problem = problem
+        self.limit = limit
+        shown = repr(key)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        super().__init__(
+            f"idempotency key {shown} {problem}: pass a non-empty text of at most {limit} "
+            "UTF-8 bytes that names this commit (a job id, a batch id), or "
+            "idempotency_key=None for a commit without one"
+        )
+
+
+class InvalidWriteParamError(LancetxError, TypeError, ValueError):
+    """A write parameter (``**write_params`` of append, overwrite, write_table and the
+    streaming writer, handed to ``lance.fragment.write_fragments``) that cannot be
+    used: lancetx's own, unknown to pylance, or a bad value. Nothing was written."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name = name
+        self.problem = problem
+        super().__init__(f"write parameter {name!r}: {problem}")
+
+
 class TableError(LancetxError):
     """Base class of front-door errors; ``uri`` names the table."""
 
@@ -255,8 +285,10 @@ __all__ = [
     "ArgumentTypeError",
     "ColumnMismatchError",
     "ForeignFragmentError",
+    "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
     "InvalidTagNameError",
+    "InvalidWriteParamError",
     "PylanceCommitsItselfError",
     "ReadOnlyTableError",
     "SchemaMismatchError",

@@ -56,7 +56,7 @@ from lancetx.data import check_append_schema
 from lancetx.errors import SchemaMismatchError, WriterClosedError
 from lancetx.protos import table_pb2
 from lancetx.state import TableState
-from lancetx.verbs.writing import fragment_files
+from lancetx.verbs.writing import check_write_params, fragment_files
 
 if TYPE_CHECKING:
     from lance import LanceDataset
@@ -191,6 +191,7 @@ class TableWriter:
     def __init__(
         self, table: WrittenTable, args: CommitArgs, write_params: Mapping[str, Any]
     ) -> None:
+        check_write_params(write_params)
         self._table = table
         self._args = args
         self._params = dict(write_params)

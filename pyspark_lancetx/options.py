@@ -45,6 +45,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lancetx.committing import check_idempotency_key
+from lancetx.errors import InvalidIdempotencyKeyError
 from pyspark_lancetx.errors import SparkOptionError, UnknownSparkOptionError
 
 STORAGE_PREFIX = "storage."
@@ -205,6 +207,20 @@ def parse_vector_columns(text: str) -> dict[str, int]:
     return out
 
 
+def _check_key_option(name: str, value: str) -> None:
+    """``job_id``/``stream_id`` become the commit's idempotency key: one that cannot be
+    a key is refused here, on the driver, before any task writes a file."""
+    if not value:
+        return
+    try:
+        check_idempotency_key(value)
+    except InvalidIdempotencyKeyError as exc:
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        raise SparkOptionError(
+            name, shown, f"an id of at most {exc.limit} UTF-8 bytes (it {exc.problem})"
+        ) from None
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """Parsed write options (see the module docstring)."""
@@ -244,6 +260,8 @@ class WriteOptions:
                     "commit_timeout", options["commit_timeout"], "a positive number of seconds"
                 )
         job_id = options.get("job_id", "").strip()
+        for name in ("job_id", "stream_id"):
+            _check_key_option(name, options.get(name, "").strip())
         return cls(
             uri=table_uri(options),
             storage_options=_prefixed(options, STORAGE_PREFIX),

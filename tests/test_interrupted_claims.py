@@ -1,7 +1,8 @@
 """Every door, interrupted at its claim: nothing that landed loses a file (issue 19).
 
 Each door — the streaming writer (sync and ``lancetx.aio``), ``Table.append`` (sync
-and async), ``commit_fragments`` and ``commit_many`` — commits once while the
+and async), ``commit_fragments`` ``commit_many`` and ``merge_insert`` (sync and async: an upsert that records its
+inserted keys, a re-plannable verb writing data and deletion files) — commits once while the
 embedded server lets its claim land and then (see ``claim_faults``):
 
 * ``unknown``: loses the answer and every later DynamoDB request until healed
@@ -44,9 +45,16 @@ from lancetx.externalstore.dynamodb.store import create_table
 
 SETUP_ROWS = 2
 #: Doors whose data files lancetx wrote (and so could have deleted).
-OWNS_DATA = ("writer", "async-writer", "append", "async-append")
+OWNS_DATA = (
+    "writer",
+    "async-writer",
+    "append",
+    "async-append",
+    "merge_insert",
+    "async-merge_insert",
+)
 IN_PROCESS = tuple(DOORS)
-KILLED = ("writer", "async-writer", "append", "commit_fragments", "commit_many")
+KILLED = ("writer", "async-writer", "append", "commit_fragments", "commit_many", "merge_insert")
 
 
 @pytest.fixture

@@ -291,3 +291,62 @@ def test_a_cycle_is_caught() -> None:
     }
     assert import_cycles(graph) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b": [1]}, "b": {}}) == []
+
+
+# ------------------------------------------------------------ the DynamoDB room
+
+DYNAMODB = "lancetx.externalstore.dynamodb"
+#: Who may import the DynamoDB store's package from outside it: the scheme table (every
+#: door opens tables through it) and the operator tools that work on DynamoDB itself.
+DYNAMODB_IMPORTERS = {
+    "lancetx.externalstore.connect": "the scheme table",
+    "lancetx.ops.create_table": "creates and stamps the DynamoDB table",
+    "lancetx.ops.doctor": "checks the DynamoDB table and its IAM grants",
+    "lancetx.ops.iam_policy": "names the DynamoDB items a role may touch",
+    "lancetx.ops.items": "reads and writes DynamoDB items by hand",
+    "lancetx.ops.status": "reports the DynamoDB store's layout stamp",
+    "lancetx.ops.table": "the tools' view of a table: its DynamoDB store",
+}
+
+
+def imports_of_the_dynamodb_room(
+    graph: dict[str, dict[str, list[int]]],
+) -> list[str]:
+    """Every import of ``lancetx.externalstore.dynamodb`` (or a module in it) from a module
+    outside it that is not one of :data:`DYNAMODB_IMPORTERS` or a demo."""
+    modules = project_modules()
+    found = []
+    for importer, edges in sorted(graph.items()):
+        if importer == DYNAMODB or importer.startswith(DYNAMODB + "."):
+            continue
+        if importer in DYNAMODB_IMPORTERS or importer.startswith("lancetx.demo"):
+            continue
+        for imported, lines in sorted(edges.items()):
+            if imported == DYNAMODB or imported.startswith(DYNAMODB + "."):
+                path = modules[importer].relative_to(ROOT) if importer in modules else importer
+                found.append(f"{path}:{lines[0]}: {importer} imports {imported}")
+    return found
+
+
+def test_only_the_scheme_table_and_the_dynamodb_tools_import_the_dynamodb_store() -> None:
+    """Nothing outside ``externalstore/dynamodb/`` reaches into it but ``connect.py`` and
+    the operator tools that work on DynamoDB: every other door opens tables through the
+    scheme table, so a second external store is a second row there, not a hunt."""
+    found = imports_of_the_dynamodb_room(import_graph())
+    assert not found, (
+        "imports of externalstore/dynamodb/ from outside it (open the table through "
+        "lancetx.externalstore.connect instead):\n" + "\n".join(found)
+    )
+
+
+def test_an_import_of_the_dynamodb_room_is_caught() -> None:
+    """The check itself: a lazy import from the front door is found, the scheme table's is not."""
+    graph = {
+        "lancetx.aio": {"lancetx.externalstore.dynamodb.store_async": [61]},
+        "lancetx.externalstore.connect": {"lancetx.externalstore.dynamodb.store": [40]},
+        "lancetx.externalstore.dynamodb.store": {"lancetx.externalstore.dynamodb.plans": [12]},
+    }
+    found = imports_of_the_dynamodb_room(graph)
+    assert found == [
+        "lancetx/aio.py:61: lancetx.aio imports lancetx.externalstore.dynamodb.store_async"
+    ]

@@ -30,6 +30,7 @@ from lancetx.externalstore.dynamodb.config import (
 )
 from lancetx.externalstore.dynamodb.drivers import run_plan
 from lancetx.externalstore.dynamodb.plans import (
+    MAX_TRANSACT_ITEMS,
     Plan,
     PlanContext,
     TableInfo,
@@ -310,6 +311,8 @@ class DynamoDBManifestStore(ExternalManifestStore):
         self._write(put_if_not_exists_plan(self._ctx, entry))
 
     keeps_keys = True
+    #: DynamoDB's limit on the items of one TransactWriteItems.
+    max_claim_entries = MAX_TRANSACT_ITEMS
 
     def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
         """The version and its idempotency key in one TransactWriteItems (two Puts)."""

@@ -38,9 +38,11 @@ from lancetx.externalstore.dynamodb.config import (
 )
 from lancetx.externalstore.dynamodb.drivers import run_plan_async
 from lancetx.externalstore.dynamodb.plans import (
+    MAX_TRANSACT_ITEMS,
     Plan,
     PlanContext,
     TableInfo,
+    batch_get_plan,
     create_table_plan,
     delete_all_plan,
     get_key_plan,
@@ -210,18 +212,34 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         return await run_plan_async(self.client, plan, self._sleep)
 
     async def validate(self) -> TableInfo:
-        """Check the table's layout (cached per process). Raises TableNotFoundError / TableSchemaError."""
+        """Check the table's layout and the store's layout stamp (each cached per
+        process). Raises TableNotFoundError / TableSchemaError / StoreSchemaTooNewError."""
+        info = await self.validate_layout()
+        # Cached per process too; checked even when the layout was (a sync connection's
+        # checks cache the layout and the stamp separately).
+        await self.check_stamp()  # a newer layout: refuse
+        return info
+
+    async def validate_layout(self) -> TableInfo:
+        """Check the table's key layout (DescribeTable, cached per process). Raises
+        TableNotFoundError / TableSchemaError."""
         info = cached_validation(self._ctx.target)
         if info is None:
             info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)
             remember_validation(self._ctx.target, info)
-        # Cached per process too; checked even when the layout was (a sync connection's
-        # checks cache the layout and the stamp separately).
-        await check_stamp_async(self.client, self._ctx.table)  # a newer layout: refuse
         self.table_info = info
         if info.arn:
             self._ctx.target = replace(self._ctx.target, arn=info.arn)
         return info
+
+    async def check_stamp(self) -> int | None:
+        """Refuse a store stamped by a newer lancetx (one GetItem per table per process).
+        Raises StoreSchemaTooNewError."""
+        return await check_stamp_async(self.client, self._ctx.table)
+
+    async def get_items(self, keys: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
+        """See :meth:`DynamoDBManifestStore.get_items`."""
+        return await self._run(batch_get_plan(self._ctx, keys))
 
     async def get(self, base_uri: str, version: int) -> ManifestEntry:
         return await self._run(get_plan(self._ctx, base_uri, version))
@@ -233,6 +251,8 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         await self._run(put_if_not_exists_plan(self._ctx, entry))
 
     keeps_keys = True
+    #: DynamoDB's limit on the items of one TransactWriteItems.
+    max_claim_entries = MAX_TRANSACT_ITEMS
 
     async def put_with_key_if_not_exists(self, entry: ManifestEntry, key: KeyRecord) -> None:
         """See :meth:`DynamoDBManifestStore.put_with_key_if_not_exists`."""

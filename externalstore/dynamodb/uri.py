@@ -153,6 +153,13 @@ def split_uri(uri: str) -> tuple[str, str, str, str | None]:
     return scheme, bucket, _normalize_key(uri, decoded), match.group("query")
 
 
+#: Table paths lancetx refuses: its own DynamoDB keys are ``<path>#lancetx-…`` (a
+#: table's idempotency keys, its commit queue) and ``__lancetx_…`` (a moved record, the
+#: layout stamp). A table at such a path would share another table's items.
+RESERVED_MARK = "#lancetx-"
+RESERVED_PREFIX = "__lancetx_"
+
+
 def canonical_base_uri(path_or_uri: str) -> str:
     """The canonical ``base_uri`` of a table URI or bucket-relative key (module docstring).
 
@@ -195,6 +202,16 @@ def parse_ddb_uri(uri: str) -> DynamoDBTableUri:
         raise InvalidUriError(
             uri,
             "a table at the bucket root cannot be keyed in DynamoDB (empty base_uri); use a sub-path",
+        )
+    if base_key.startswith(RESERVED_PREFIX) or RESERVED_MARK in base_key:
+        raise InvalidUriError(
+            uri,
+            f"the path {base_key!r} is reserved: lancetx keeps its own DynamoDB items under "
+            f"keys of this shape (a table's idempotency keys under '<path>#lancetx-keys', "
+            "its commit queue, its moved record under '__lancetx_moved__/<path>', the layout "
+            "stamp '__lancetx_schema__'), so a table here would share another table's items "
+            f"and permissions; use a path without {RESERVED_MARK!r} that does not start with "
+            f"{RESERVED_PREFIX!r}",
         )
     return DynamoDBTableUri(
         bucket=bucket,

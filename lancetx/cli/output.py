@@ -32,6 +32,8 @@ import typer
 OK = 0
 FINDINGS = 1
 USAGE = 2
+#: Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
 
 #: A walk draws a progress bar once it has seen more than this many versions or objects
 #: (environment variable ``LANCETX_PROGRESS_AFTER`` overrides it).
@@ -137,11 +139,24 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
 
 @contextlib.contextmanager
 def handled(command: str, as_json: bool) -> Iterator[None]:
-    """Turn lancetx errors into their message and exit 1 (2 for a usage error)."""
+    """Turn lancetx errors into their message and exit 1 (2 for a usage error); Ctrl-C
+    into a line that says the command stopped part-way, and exit 130."""
     from lancetx.commit.errors import LancetxError
 
     try:
         yield
+    except KeyboardInterrupt:
+        # Without this typer exits 130 without a word, and the operator cannot tell a
+        # finished run from one cut short.
+        fail(
+            f"interrupted (Ctrl-C): {command} stopped part-way; what it finished stays "
+            f"done. Run the same {command} command again to finish (lancetx-sync verify "
+            "URI shows where the table stands).",
+            as_json=as_json,
+            command=command,
+            kind="Interrupted",
+            code=INTERRUPTED,
+        )
     except LancetxError as exc:
         from lancetx.commit.storage.secrets import redact_text
 

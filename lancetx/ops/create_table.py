@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
-from lancetx.externalstore.dynamodb.config import target_of
+from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client, target_of
 from lancetx.externalstore.dynamodb.plans import create_table_request
 from lancetx.externalstore.dynamodb.store import create_table
 from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, migrate
+from lancetx.externalstore.errors import InvalidConfigError
+
+#: DynamoDB's rule for table names (3 to 255 of these characters); ``s3+ddb://`` URIs
+#: accept no other name, so a table named otherwise could never be used.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,12 @@ class CreateTableReport:
         return True
 
 
+def manifest_table_client(storage_options: dict[str, str]) -> Any:
+    """The DynamoDB client the storage options (pylance's names) and the environment
+    configure, as a table opened with them would reach DynamoDB."""
+    return make_client(DynamoDBConfig.from_options(storage_options))
+
+
 def create_manifest_table(
     client: Any,
     name: str,
@@ -46,6 +58,12 @@ def create_manifest_table(
     """Create ``name`` in Lance's layout (on-demand unless capacities are given),
     wait for ACTIVE, optionally enable PITR, and stamp the lancetx store layout.
     An existing table of the right layout is accepted (and stamped)."""
+    if not _TABLE_NAME.fullmatch(name):
+        raise InvalidConfigError(
+            "table name",
+            name,
+            "DynamoDB table names are 3 to 255 letters, digits, '_', '-' or '.'",
+        )
     request = create_table_request(name)
     if read_capacity is not None or write_capacity is not None:
         request["BillingMode"] = "PROVISIONED"

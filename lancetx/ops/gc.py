@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -312,6 +313,11 @@ def _garbage(meta: ObjectMeta, kind: str) -> Garbage:
     return Garbage(meta.key, kind, meta.size, when)
 
 
+#: The largest age ``parse_age`` takes: ages are subtracted from today's date, and
+#: anything older than this matches nothing anyway.
+MAX_AGE_DAYS = 36500
+
+
 def parse_age(text: str) -> timedelta:
     """``7d``, ``12h``, ``30m``, ``45s``, ``2w`` (or plain seconds) → timedelta."""
     raw = text.strip().lower()
@@ -320,8 +326,12 @@ def parse_age(text: str) -> timedelta:
         seconds = float(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else float(raw)
     except ValueError:
         raise ValueError(f"{text!r} is not an age like 7d, 12h, 30m or 45s") from None
+    if math.isnan(seconds):
+        raise ValueError(f"{text!r} is not an age like 7d, 12h, 30m or 45s")
     if seconds < 0:
         raise ValueError(f"{text!r} is negative")
+    if seconds > MAX_AGE_DAYS * 86400:  # inf, 1e309, 99999999999w, 1000000d
+        raise ValueError(f"{text!r} is too large for an age (at most {MAX_AGE_DAYS}d)")
     return timedelta(seconds=seconds)
 
 

@@ -21,6 +21,7 @@ their items, kept as fences, are not a problem.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from lancetx.commit.errors import LancetxError
@@ -39,6 +40,8 @@ from lancetx.ops.inventory import (
     untrusted_entries,
 )
 from lancetx.ops.table import OpsTable
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CheckedTable",
@@ -88,21 +91,38 @@ class CheckedTable:
     horizon: int | None
 
 
+#: How many times :func:`check_table` looks again when manifests it listed could not be
+#: read: a cleanup running beside it (another ``lancetx-sync cleanup``, pylance's own)
+#: deletes the oldest manifests between the listing and the reads.
+RECHECKS = 3
+
+
 def check_table(table: OpsTable, progress: Progress = no_progress) -> CheckedTable:
     """Load ``table`` and run every check of the module docstring; raise on the first
     that fails. Reads only."""
-    entries = table.list_entries()
-    listing = list_versions_folder(table, progress)
-    tagged = {tag.version for tag in read_tags(table.store, table.base)}
-    refused = untrusted_entries(table, entries)
-    if refused:
-        raise UntrustedReferenceError(
-            table.uri, [refused[v] for v in sorted(refused)], table.command("verify")
+    for attempt in range(RECHECKS + 1):
+        entries = table.list_entries()
+        listing = list_versions_folder(table, progress)
+        tagged = {tag.version for tag in read_tags(table.store, table.base)}
+        refused = untrusted_entries(table, entries)
+        if refused:
+            raise UntrustedReferenceError(
+                table.uri, [refused[v] for v in sorted(refused)], table.command("verify")
+            )
+        keys = readable_manifest_keys(table, entries, listing, tagged)
+        loaded, failed = read_manifests(table, sorted(keys.items()), progress)
+        if not failed:
+            break
+        if attempt == RECHECKS:
+            raise WedgedTableError(table.uri, sorted(failed), table.command("verify"))
+        # Versions a concurrent cleanup removed meanwhile are below the horizon of a
+        # fresh listing; a wedged version fails every time.
+        log.info(
+            "%s: version(s) %s listed but unreadable; listing again (a cleanup may be "
+            "running beside this one)",
+            table.uri,
+            sorted(failed),
         )
-    keys = readable_manifest_keys(table, entries, listing, tagged)
-    loaded, failed = read_manifests(table, sorted(keys.items()), progress)
-    if failed:
-        raise WedgedTableError(table.uri, sorted(failed), table.command("verify"))
     unsafe = [
         f"version {lv.version} names {name!r} ({why})"
         for lv in loaded

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY
-from lancetx.commit.errors import LancetxError
+from lancetx.commit.errors import DatasetNotFoundError, LancetxError
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.retention import read_tags
 from lancetx.commit.format.transaction_file import read_transaction_of
@@ -46,7 +46,8 @@ class StatusReport:
 
 
 def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusReport:
-    """Collect the status of ``table`` (one Query, one listing, one manifest read)."""
+    """Collect the status of ``table`` (one Query, one listing, one manifest read).
+    Raises DatasetNotFoundError where nothing was ever committed."""
     entries = table.list_entries()
     listing = list_versions_folder(table, progress)
     committers = Counter(e.committer or "(none)" for e in entries)
@@ -90,6 +91,9 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
         stamp = read_stamp(table.entries.client, table.ddb_table)
         record = moved_record(table.entries, table.base)
         moved = record.path if record is not None else None
+    if not entries and not listing.finals and not listing.staged and moved is None:
+        # Nothing was ever committed here (a mistyped path): not a table with no versions.
+        raise DatasetNotFoundError(table.uri)
     tags: dict[str, int] = {}
     try:
         tags = {

@@ -12,11 +12,9 @@ from typing import Any, TypeVar
 from lancetx.commit.errors import InvalidUriError, LancetxError, ObjectNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, read_manifest
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+from lancetx.externalstore.connect import open_stores, scheme_of
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
-from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.protocol import Steps, Table, run
 
 T = TypeVar("T")
@@ -96,27 +94,23 @@ def open_table(
     """Open ``uri`` (``s3+ddb://``, ``s3://`` or a local path) with pylance-style
     storage options; environment variables apply as in the library."""
     options = dict(storage_options or {})
-    if uri.lower().startswith("s3+ddb://"):
-        parsed = parse_ddb_uri(uri)
-        store, base = open_object_store(parsed.s3_uri, options, legacy=True)
-        entries = DynamoDBManifestStore.from_config(
-            parsed.table_name, DynamoDBConfig.from_options(options), validate=validate
-        )
-        return OpsTable(
-            uri=uri,
-            store=store,
-            base=parsed.base_key,
-            entries=entries,
-            options=options,
-            bucket=parsed.bucket,
-            ddb_table=parsed.table_name,
-            s3_uri=parsed.s3_uri,
-        )
-    if "://" in uri and not uri.lower().startswith(("s3://", "file://")):
+    external = scheme_of(uri).external
+    if not external and "://" in uri and not uri.lower().startswith(("s3://", "file://")):
         raise InvalidUriError(uri, "expected s3+ddb://, s3://, file:// or a local path")
-    store, base = open_object_store(uri, options)
-    bucket = getattr(store, "bucket", None)
-    return OpsTable(uri=uri, store=store, base=base, entries=None, options=options, bucket=bucket)
+    stores = open_stores(uri, options, validate=validate)
+    entries = stores.entries
+    if entries is not None and not isinstance(entries, DynamoDBManifestStore):
+        raise NotAnExternalStoreTableError(uri, "open")  # the tools know DynamoDB's only
+    return OpsTable(
+        uri=uri,
+        store=stores.store,
+        base=stores.base,
+        entries=entries,
+        options=options,
+        bucket=stores.bucket,
+        ddb_table=stores.external_table,
+        s3_uri=stores.data_uri if external else None,
+    )
 
 
 def s3_client_of(table: OpsTable) -> Any:

@@ -21,12 +21,60 @@ from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.committing import CommitArgs, PlanContext, VerbFlags, discard
 from lancetx.convert import to_fragment
 from lancetx.data import StreamGuard, check_append_schema, to_reader
-from lancetx.errors import ForeignFragmentError, SchemaMismatchError, UnsupportedInputError
+from lancetx.errors import (
+    ForeignFragmentError,
+    InvalidWriteParamError,
+    SchemaMismatchError,
+    UnsupportedInputError,
+)
 from lancetx.protos import table_pb2
 from lancetx.verbs.field_ids import field_id_map, match_columns, merged_fields, remap_fragments
 
 #: Parallel HEAD requests when checking fragments written elsewhere.
 CHECK_PARALLELISM = 16
+
+
+#: Parameters of ``write_fragments`` that lancetx sets itself, with what to use instead.
+_OWN_WRITE_PARAMS = {
+    "mode": "the verb decides it (append, overwrite, write_table(mode=...))",
+    "storage_options": "they are the table's: lancetx.open(uri, storage_options=...)",
+    "return_transaction": "lancetx commits what pylance writes",
+    "data": "it is the verb's first argument",
+    "dataset_uri": "it is the table's",
+}
+#: Sizes pylance needs positive (0 makes its writer panic, a negative one overflow).
+_POSITIVE_WRITE_PARAMS = ("max_rows_per_file", "max_rows_per_group", "max_bytes_per_file")
+
+
+def check_write_params(params: Mapping[str, Any]) -> None:
+    """Raise InvalidWriteParamError, before anything is written, for a parameter that
+    pylance's ``write_fragments`` does not take, that lancetx sets itself, or a size
+    that is not a positive integer."""
+    import difflib
+    import inspect
+
+    from lance.fragment import write_fragments
+
+    known = set(inspect.signature(write_fragments).parameters) - set(_OWN_WRITE_PARAMS)
+    for name, value in params.items():
+        if name in _OWN_WRITE_PARAMS:
+            raise InvalidWriteParamError(
+                name, f"not a write parameter here: {_OWN_WRITE_PARAMS[name]}"
+            )
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise InvalidWriteParamError(
+                name,
+                f"lance.fragment.write_fragments takes no such parameter; {hint}"
+                f"it takes: {', '.join(sorted(known))}",
+            )
+        if (
+            name in _POSITIVE_WRITE_PARAMS
+            and value is not None
+            and (isinstance(value, bool) or not isinstance(value, int) or value <= 0)
+        ):
+            raise InvalidWriteParamError(name, f"must be a positive integer, got {value!r}")
 
 
 def _write_fragments(
@@ -75,6 +123,7 @@ class WritePlan:
     def __init__(
         self, data: Any, *, overwrite: bool, schema: pa.Schema | None, params: Mapping[str, Any]
     ) -> None:
+        check_write_params(params)
         self.data = data
         self.overwrite = overwrite
         self.schema = schema

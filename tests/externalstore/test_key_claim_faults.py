@@ -269,3 +269,31 @@ def test_a_lost_answer_after_the_keyed_write_landed_is_settled_as_ours(
     assert (record.key, record.version) == ("job-1", 2)
     assert record.transaction_uuid == committed.transaction.uuid
     assert lance.dataset(path).version == 2
+
+
+def test_the_async_door_settles_a_keyed_claim_that_landed_behind_a_500(table: Table) -> None:
+    """The same fault through ``lancetx.aio`` (aiobotocore's DynamoDB store): committed
+    once, the key found, no staged manifest left."""
+    import asyncio
+
+    import lancetx.aio
+
+    async def main() -> tuple[int, bool]:
+        async with await lancetx.aio.open(table.uri, table.options) as opened:
+            version = await opened.append(batch("w", 0, ROWS), idempotency_key="job-1")
+            assert opened.last_commit is not None
+            again = await opened.append(batch("again", 0, ROWS), idempotency_key="job-1")
+            assert again == version
+            return version, opened.last_commit.deduplicated
+
+    fault = First(ddb_500(after_forwarding=True))
+    table.aws.set_interceptor(fault)
+    try:
+        version, deduplicated = asyncio.run(main())
+    finally:
+        table.aws.set_interceptor(None)
+    assert fault.fired >= 2  # the landed attempt, then the retry that found both items ours
+    assert (version, deduplicated) == (2, True)
+    assert table.writers() == ["setup"] * ROWS + ["w"] * ROWS
+    assert table.staged() == []
+    assert lancetx.open(table.uri, storage_options=table.options).find_idempotency_key("job-1") == 2

@@ -9,6 +9,7 @@ write, whose own outcome a check that merely could not be made never replaces.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -223,3 +224,45 @@ def test_a_claim_that_landed_is_not_reported_failed_because_its_check_could_not_
         assert load_parent(fresh.handler, fresh.base).version == 2  # type: ignore[union-attr]
         ops = log.operations()
     assert "GetItem" in ops or "BatchGetItem" in ops  # checked again at the next use
+
+
+def test_an_asyncio_handler_makes_the_checks_of_a_sync_connection(checked: Checked) -> None:
+    """``lancetx.aio`` opens its DynamoDB handler (aioboto3) on a table's first verb, and
+    makes there the checks a sync connection makes, the moved record included: a table
+    migrated off DynamoDB after it was opened is refused before anything is claimed."""
+    import lancetx.aio
+
+    async def append_after_the_move() -> None:
+        table = await lancetx.aio.open(checked.uri, checked.options)  # checks pass: not moved
+        conn = checked.connect()
+        record_moved(conn.handler.entries, conn.base, "s3://elsewhere/t.lance")  # type: ignore[attr-defined]
+        async with table:
+            with pytest.raises(TableMovedError, match=r"s3://elsewhere/t\.lance"):
+                await table.append(batch("aio", 0, ROWS))
+
+    asyncio.run(append_after_the_move())
+    entries = checked.connect().handler.entries  # type: ignore[attr-defined]
+    assert [e.version for e in entries.list_entries(checked.connect().base)] == [1]
+
+
+def test_an_asyncio_handler_reads_the_stamp_and_the_moved_record_as_a_sync_connection_does(
+    checked: Checked,
+) -> None:
+    """The asyncio handler's checks are the sync connection's reads: the stamp and the
+    moved record in one BatchGetItem, and a store a newer lancetx stamped is refused
+    before anything is claimed."""
+    import lancetx.aio
+
+    async def append_after_a_newer_stamp() -> list[str]:
+        table = await lancetx.aio.open(checked.uri, checked.options)
+        write_stamp(checked.connect().handler.entries.client, checked.table, 99)  # type: ignore[attr-defined]
+        clear_stamp_cache()  # as a process that has not read the stamp yet
+        async with table:
+            with ServerLog(checked.aws) as log:
+                with pytest.raises(StoreSchemaTooNewError, match="layout 99"):
+                    await table.append(batch("aio", 0, ROWS))
+                return log.operations()
+
+    operations = asyncio.run(append_after_a_newer_stamp())
+    assert "BatchGetItem" in operations
+    assert not {"PutItem", "TransactWriteItems"} & set(operations)

@@ -144,3 +144,19 @@ def test_read_errors_are_typed_and_name_what_to_do(
 
     with pytest.raises(Exception, match=r"DatasetNotFoundError.*no Lance table"):
         reader.load(f"s3+ddb://{bucket}/none.lance?ddbTableName={table}").count()
+
+
+def test_a_job_id_that_cannot_be_an_idempotency_key_is_refused_on_the_driver() -> None:
+    """A job id (or stream id) is the commit's idempotency key: one over the key limit
+    used to pass the parser, let every task write its files, and fail at the commit."""
+    from lancetx.committing import MAX_IDEMPOTENCY_KEY_BYTES
+
+    huge = "j" * (MAX_IDEMPOTENCY_KEY_BYTES + 1)
+    for name in ("job_id", "stream_id"):
+        with pytest.raises(
+            SparkOptionError, match=rf"option '{name}'.*at most \d+ UTF-8 bytes"
+        ) as info:
+            WriteOptions.parse({"path": "/t", name: huge})
+        assert len(str(info.value)) < 500
+    odd = "job/1?x=%2F#key#ключ"
+    assert WriteOptions.parse({"path": "/t", "job_id": odd}).job_id == odd

@@ -359,6 +359,50 @@ def door_commit_many(uris: list[str], options: dict[str, str], ack: Ack = _no_ac
         lancetx.commit_many(transactions, storage_options=options)
 
 
+def door_merge_insert(uris: list[str], options: dict[str, str], ack: Ack = _no_ack) -> None:
+    """An upsert recording its inserted keys: updates the setup rows (deletion
+    vectors), inserts ``ROWS`` new ones (data files); a re-plannable verb."""
+    import lancetx
+
+    table = lancetx.open(uris[0], options)
+    with ack():
+        (
+            table.merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .conflict_on_inserted_keys()
+            .execute(_upsert_rows(), idempotency_key="interrupted-merge")
+        )
+
+
+def door_async_merge_insert(uris: list[str], options: dict[str, str], ack: Ack = _no_ack) -> None:
+    import asyncio
+
+    import lancetx.aio
+
+    async def run() -> None:
+        with ack():
+            async with await lancetx.aio.open(uris[0], options) as table:
+                await (
+                    table.merge_insert("id")
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .conflict_on_inserted_keys()
+                    .execute(_upsert_rows(), idempotency_key="interrupted-merge")
+                )
+
+    asyncio.run(run())
+
+
+def _upsert_rows() -> Any:
+    """The tables' setup rows (ids from 0, fewer than :data:`FIRST_ID`) updated, and
+    :data:`ROWS` new ones: the table grows by ``ROWS`` as for an append."""
+    import pyarrow as pa
+
+    ids = [0, 1, *range(FIRST_ID, FIRST_ID + ROWS)]
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": [f"u{i}" for i in ids]})
+
+
 DOORS: dict[str, Callable[[list[str], dict[str, str], Ack], None]] = {
     "writer": door_writer,
     "async-writer": door_async_writer,
@@ -366,6 +410,8 @@ DOORS: dict[str, Callable[[list[str], dict[str, str], Ack], None]] = {
     "async-append": door_async_append,
     "commit_fragments": door_commit_fragments,
     "commit_many": door_commit_many,
+    "merge_insert": door_merge_insert,
+    "async-merge_insert": door_async_merge_insert,
 }
 
 

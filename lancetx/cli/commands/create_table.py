@@ -49,13 +49,12 @@ def register(app: typer.Typer) -> None:
             say,
             stdout_console,
         )
-        from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
-        from lancetx.ops.create_table import create_manifest_table
+        from lancetx.ops.create_table import create_manifest_table, manifest_table_client
 
         options = parse_storage_options(storage_option)
         tags = parse_storage_options(tag)
         with handled("create-table", json):
-            client = make_client(DynamoDBConfig.from_options(options))
+            client = manifest_table_client(options)
             report = create_manifest_table(
                 client,
                 name,
