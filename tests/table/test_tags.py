@@ -56,6 +56,9 @@ def test_lancetx_and_pylance_see_each_others_tags_through_ddb(
     assert lance.dataset(uri, version="from-lancetx", storage_options=options).count_rows() == 6
 
     ds.tags.create("p3", 3)
+    # a legacy bucket has no conditional PUT: "already exists" is read, and refused alike
+    with pytest.raises(lancetx.TagExistsError, match=r"'p3' already exists \(version 3\)"):
+        table.tags.create("p3", 1)
     listed = table.tags.list()
     assert {name: t.version for name, t in listed.items()} == {
         "from-lancetx": 2,
