@@ -1,38 +1,92 @@
-"""Exception hierarchy for lancetx.
+"""Exception hierarchy for lancetx: the errors of the commit layer.
 
 Every error a user can see derives from :class:`LancetxError`. Subclasses carry
 the facts needed to act on them (the file, the version, the operation) as
-attributes, and their messages say what happened and what to do next.
+attributes, their messages say what happened and what to do next, and
+:attr:`LancetxError.retryable` says whether the same call may simply be made
+again. :mod:`lancetx.errors` re-exports every error (this layer's, the external
+store's, the front door's, the maintenance tools' and the Spark data source's)
+and draws the whole tree.
 
-The tree::
+The errors raised by the commit layer (``lancetx.commit``: this module, the
+format readers, the conditional-PUT probe and the manifest builder); ``*``
+marks ``retryable``::
 
     LancetxError
-    ├── FormatError                  a file is not a valid Lance artifact
+    ├── FormatError                      a file is not a valid Lance artifact
     │   ├── ManifestFormatError
     │   ├── TransactionFileError
     │   ├── DeletionFileError
-    │   ├── SchemaConversionError
-    │   └── ObjectTooLargeError      larger than the cap on its kind (manifest, transaction, tag)
-    ├── UnsupportedFeatureError      a feature flag we do not implement
-    ├── ObjectStoreError             an object-store request failed
+    │   ├── ObjectTooLargeError          larger than the cap on its kind (manifest, transaction, tag)
+    │   │   ├── ManifestTooLargeError    (also a ManifestFormatError)
+    │   │   └── TransactionTooLargeError (also a TransactionFileError)
+    │   ├── FragmentFormatError          fragment metadata (format.fragments)
+    │   ├── MixedNamingSchemesError      V1 and V2 manifest names in one _versions/ (format.listing)
+    │   ├── RowIdFormatError             a row-id sequence (format.rowids)
+    │   └── TagFileError                 a tag file that names no version (format.retention)
+    ├── SchemaConversionError            an Arrow schema or field list we cannot convert
+    ├── UnsupportedFeatureError          a feature flag we do not implement
+    │   └── UnsupportedTransactionError  an operation we do not build (engine.builder.errors)
+    ├── ObjectStoreError                 an object-store request failed
     │   ├── ObjectNotFoundError
-    │   ├── ObjectExistsError        a conditional create lost to an existing object
-    │   ├── UnsupportedOperationError  the store lacks the capability asked for
-    │   └── TransientObjectStoreError  5xx / throttling / connection; safe to retry
-    ├── InvalidUriError              a table URI we cannot open (also a ValueError)
-    ├── StorageOptionError           a storage option we cannot use (also a ValueError)
-    ├── MissingExtraError            an optional feature's packages are absent (also an ImportError)
+    │   ├── ObjectExistsError            a conditional create lost to an existing object
+    │   ├── UnsupportedOperationError    the store lacks the capability asked for
+    │   │   └── ConditionalPutIgnoredError  the store ignores If-None-Match (handlers.probe)
+    │   └── TransientObjectStoreError *  5xx / throttling / connection
+    ├── InvalidUriError                  a table URI we cannot open (also a ValueError)
+    ├── StorageOptionError               a storage option we cannot use (also a ValueError)
+    ├── MissingExtraError                an optional feature's packages are absent (also an ImportError)
     ├── DatasetNotFoundError
     ├── VersionNotFoundError
-    └── CommitError                  (see lancetx.commit.errors for the engine's subclasses)
-        └── IdempotencyKeyCollisionError  two keys' hashes met: use another key
+    └── CommitError                      committing a transaction failed
+        ├── CommitConflictError          a transaction committed since ours conflicts with it
+        │   ├── RetryableConflictError * re-planned on the new version, the result is the same
+        │   └── IncompatibleConflictError
+        ├── RetriesExhaustedError *      every attempt lost the race until the budget ran out
+        ├── ExpectedVersionMismatchError a strict commit found another version
+        ├── UnfinishedParentError *      the parent version is committed but not finished yet
+        ├── InvalidCommitError           a request that cannot be valid for this table
+        ├── InvalidTransactionError      a transaction that does not fit its parent (engine.builder.errors)
+        ├── IdempotencyKeyCollisionError two keys' hashes met: use another key
+        ├── CommitStateUnknownError *    the claim may have landed: retry with the same key
+        ├── VersionAlreadyExistsError    another writer claimed the version (the loop rebases)
+        └── KeyAlreadyCommittedError     the idempotency key is committed already
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 
 class LancetxError(Exception):
-    """Base class of every error raised by lancetx."""
+    """Base class of every error raised by lancetx.
+
+    ``except lancetx.LancetxError`` catches them all; every public subclass is
+    exported by :mod:`lancetx.errors` and ``lancetx`` (the whole tree is drawn in
+    :mod:`lancetx.errors`).
+
+    :attr:`retryable` says whether making the same call again is both *safe* and
+    *may succeed* without changing anything first. The rule, per class:
+
+    * True when nothing was committed and the cause is transient (throttling, an
+      endpoint that could not be reached, 5xx or a dropped connection, losing the
+      race for a version until the retry budget ran out, a parent version not yet
+      finished, a conflict whose operation re-planned on the new version gives the
+      same result), or when the outcome is unknown and a retry that carries the
+      *same idempotency key* finds the first commit instead of committing twice
+      (:class:`CommitStateUnknownError`; without a key, look the transaction up
+      first, as its message says).
+    * False otherwise: bad input, configuration, permissions, a missing or damaged
+      table or file, an incompatible conflict, a strict commit whose expected
+      version moved, and the lost-race signals the commit loop handles itself
+      (:class:`VersionAlreadyExistsError` and the like, which a caller never sees).
+
+    A retry should wait (back off) first; lancetx already retried transient
+    failures within its own budget before raising.
+    """
+
+    #: Whether the same call, made again (after a pause), is safe and may succeed.
+    retryable: ClassVar[bool] = False
 
 
 # --------------------------------------------------------------------------- format
@@ -158,6 +212,8 @@ class UnsupportedOperationError(ObjectStoreError):
 class TransientObjectStoreError(ObjectStoreError):
     """A failure that may succeed if retried (5xx, throttling, connection reset)."""
 
+    retryable = True
+
 
 # ---------------------------------------------------------------- URIs and options
 
@@ -267,6 +323,8 @@ class RetriesExhaustedError(CommitError):
     """Every attempt lost the race to claim the next version, until the retry
     budget (time, or the count cap) ran out. Nothing of this transaction was committed."""
 
+    retryable = True
+
     def __init__(
         self,
         uri: str,
@@ -305,6 +363,8 @@ class UnfinishedParentError(CommitError):
     """The version a commit would build on is committed but still staged, and
     finishing it (copying its manifest to the final name, pointing its entry
     there) failed or could not be settled. Nothing of this transaction was claimed."""
+
+    retryable = True
 
     def __init__(self, uri: str, version: int, transaction_uuid: str, key: str) -> None:
         self.uri = uri
@@ -346,3 +406,89 @@ class IdempotencyKeyCollisionError(CommitError):
             f"{other_key!r}, committed as version {other_version}; nothing was committed for "
             f"{key!r}: commit with another idempotency key (e.g. add a suffix)"
         )
+
+
+# -------------------------------------------------------------------- claims
+
+
+class VersionAlreadyExistsError(CommitError):
+    """Another writer claimed ``version`` first (the commit loop's signal to rebase).
+
+    ``winner`` is the location the winner committed, when the handler learned it
+    without extra requests (for example from a DynamoDB condition failure), so
+    the loser can load the winner's transaction at once.
+    """
+
+    #: A :class:`~lancetx.commit.format.location.ManifestLocation` (this module sits
+    #: below the format layer, so the type is not named here).
+    winner: Any
+
+    def __init__(self, uri: str, version: int, winner: Any = None) -> None:
+        self.uri = uri
+        self.version = version
+        self.winner = winner
+        super().__init__(f"version {version} of {uri!r} was committed by another writer")
+
+
+class KeyAlreadyCommittedError(CommitError):
+    """The claim was refused because a commit with the same idempotency ``key``
+    already landed, as ``version`` (by transaction ``transaction_uuid``): nothing of
+    this claim was written, and its staged manifest was deleted.
+
+    The commit loop answers it with that version, ``deduplicated``. It reaches the
+    caller of ``commit_transaction`` only when that version's manifest cannot be read
+    any more (``cleanup`` removed it): the key is committed all the same, as
+    ``version``; whether that version referred to the caller's data files cannot be
+    read, so keep them (an unreferenced file is harmless; ``gc`` removes it).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        key: str,
+        version: int,
+        transaction_uuid: str | None,
+        detail: str = "",
+    ) -> None:
+        self.uri = uri
+        self.key = key
+        self.version = version
+        self.transaction_uuid = transaction_uuid
+        self.detail = detail
+        by = f" by transaction {transaction_uuid}" if transaction_uuid else ""
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"idempotency key {key!r} of {uri!r} was already committed as version {version}"
+            f"{by}; nothing new was committed{extra}"
+        )
+
+
+class CommitStateUnknownError(CommitError):
+    """The outcome of a commit request could not be determined (e.g. a timeout
+    after the request may have landed). The version may or may not be ours: do
+    not retry blindly; re-open the table and check whether the transaction with
+    ``transaction_uuid`` is present.
+
+    ``kept_files`` are the files the commit wrote and kept because the version may
+    refer to them (see :mod:`lancetx.commit.engine.unreferenced`); ``kept_message``
+    says which and how to settle the outcome, and is part of the message."""
+
+    retryable = True
+
+    #: Files the commit wrote and kept (full URIs), set as the error passes each layer.
+    kept_files: tuple[str, ...] = ()
+    #: Which files were kept and what settles the outcome (None: nothing was kept).
+    kept_message: str | None = None
+
+    def __init__(self, uri: str, version: int, transaction_uuid: str | None, detail: str) -> None:
+        self.uri = uri
+        self.version = version
+        self.transaction_uuid = transaction_uuid
+        super().__init__(
+            f"outcome of committing version {version} of {uri!r} is unknown ({detail}); "
+            f"re-open the table and look for transaction {transaction_uuid} before retrying"
+        )
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}; {self.kept_message}" if self.kept_message else text

@@ -264,7 +264,7 @@ class ExternalManifestStore(abc.ABC):
         Each entry is inserted only if no entry exists for its key, and either
         every insert happens or none does. ``request_token`` identifies this
         request across retries (DynamoDB's ``ClientRequestToken``), so a retry
-        of a request that landed is recognised. Raises ``EntriesExistError``
+        of a request that landed is recognised. Raises ``BatchEntryExistsError``
         when a version is held, ``AmbiguousWriteError`` when the outcome
         cannot be told, and ``UnsupportedOperationError`` for a store that
         cannot write several entries atomically.

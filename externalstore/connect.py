@@ -46,14 +46,17 @@ from lancetx.externalstore.commit_handler import (
 )
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
-from lancetx.externalstore.dynamodb.store_schema import StoreSchemaTooNewError
 from lancetx.externalstore.dynamodb.table_checks import (
     check_stamp_and_moved,
     check_stamp_and_moved_async,
 )
 from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
-from lancetx.externalstore.errors import TableNotFoundError, TableSchemaError
-from lancetx.externalstore.moved import TableMovedError
+from lancetx.externalstore.errors import (
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
+    StoreSchemaTooNewError,
+    TableMovedError,
+)
 from lancetx.externalstore.preflight import Preflight
 
 __all__ = [
@@ -154,8 +157,8 @@ class DynamoDBScheme(Scheme):
                 # Beside a claim, a check that could not be made is retried at the
                 # next use: the claim may have landed, and must not be reported lost.
                 write_verdicts=(
-                    TableNotFoundError,
-                    TableSchemaError,
+                    DynamoDBTableNotFoundError,
+                    DynamoDBTableSchemaError,
                     StoreSchemaTooNewError,
                     TableMovedError,
                 ),
@@ -285,7 +288,7 @@ def connect(uri: str, storage_options: Mapping[str, str] | None = None) -> Table
     table's checks (the layout stamp once per table per process, the moved record
     once per connection: one BatchGetItem) then run beside that first request (see
     :mod:`lancetx.externalstore.preflight`) and raise instead of its result:
-    TableNotFoundError (no such table), TableSchemaError (another key layout),
+    DynamoDBTableNotFoundError (no such table), DynamoDBTableSchemaError (another key layout),
     StoreSchemaTooNewError (a newer lancetx's store) or TableMovedError (the table
     was migrated to conditional PUT). The key layout is also checked (DescribeTable,
     once per table per process) beside the first write. Clients are the process's
@@ -305,7 +308,7 @@ def open_async_handler(
     An ``s3+ddb://`` handler makes the sync connection's checks when it is opened:
     the key layout (DescribeTable, once per table per process), the layout stamp (once
     per table per process) and the moved record (each time), the last two in one
-    BatchGetItem; it raises TableNotFoundError, TableSchemaError,
+    BatchGetItem; it raises DynamoDBTableNotFoundError, DynamoDBTableSchemaError,
     StoreSchemaTooNewError or TableMovedError as the sync connection does."""
     return scheme_of(conn.uri).open_async(conn)
 

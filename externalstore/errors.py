@@ -3,25 +3,44 @@
 Every :class:`ExternalStoreError` names the AWS action (``dynamodb:PutItem``,
 the IAM action name), the resource (the table's ARN, or an ARN with ``*`` for
 the account while DescribeTable has not told us the account) and what to do.
-The tree::
+"Table" in a name here means a Lance table, except in the ``DynamoDBTable…``
+names. The errors of this layer (``*`` marks ``retryable``; the whole tree is
+drawn in :mod:`lancetx.errors`)::
 
     LancetxError
-    ├── ExternalStoreError               action + resource + message
-    │   ├── TableNotFoundError           the table does not exist where we looked
-    │   ├── TableSchemaError             wrong key names or key types
-    │   ├── AccessDeniedError            IAM denies the action, or bad credentials
-    │   ├── ThrottledError               still throttled after our retries
-    │   ├── EndpointUnreachableError     could not connect (nothing was sent)
-    │   ├── ServiceUnavailableError      5xx / dropped connection after retries (reads, idempotent writes)
-    │   ├── InvalidRequestError          DynamoDB rejected the request (ValidationException…)
-    │   ├── EntryExistsError             put_if_not_exists lost: another writer holds the version
-    │   ├── EntriesExistError            put_all_if_not_exists lost: some version is held
-    │   ├── KeyExistsError               put_with_key_if_not_exists refused: the key is taken
-    │   ├── EntryNotFoundError           no entry for (base_uri, version)
-    │   ├── EntryMismatchError           put_if_exists refused: the entry points elsewhere
-    │   └── AmbiguousWriteError          a write may or may not have landed
-    ├── InvalidUriError (also ValueError)     a malformed s3+ddb:// URI or table path
-    └── InvalidConfigError (also ValueError)  a malformed DynamoDB option
+    ├── ExternalStoreError                 action + resource + message
+    │   ├── DynamoDBTableNotFoundError     the DynamoDB table does not exist where we looked
+    │   ├── DynamoDBTableSchemaError       its key names or key types are not Lance's
+    │   ├── AccessDeniedError              IAM denies the action, or bad credentials
+    │   ├── ThrottledError *               still throttled after our retries
+    │   ├── EndpointUnreachableError *     could not connect (nothing was sent)
+    │   ├── ServiceUnavailableError *      5xx / dropped connection after retries (reads, idempotent writes)
+    │   ├── InvalidRequestError            DynamoDB rejected the request (ValidationException…)
+    │   ├── EntryExistsError               put_if_not_exists lost: another writer holds the version
+    │   ├── BatchEntryExistsError              put_all_if_not_exists lost: some version is held
+    │   ├── KeyExistsError                 put_with_key_if_not_exists refused: the key is taken
+    │   ├── EntryNotFoundError             no entry for (base_uri, version)
+    │   ├── EntryMismatchError             put_if_exists refused: the entry points elsewhere
+    │   ├── MalformedEntryError            an item's attributes cannot be a manifest entry
+    │   └── AmbiguousWriteError *          a write may or may not have landed (same commit token: safe)
+    ├── ManifestPointerError               an entry cannot be followed to a manifest
+    │   ├── UntrustedManifestPathError     it points outside _versions/ or at another version's name
+    │   ├── ManifestMissingError           staged and final manifest are both gone
+    │   │   └── WedgedVersionError         ... after a claim that landed: repair from the transaction
+    │   ├── ManifestCopyMismatchError *    the final manifest does not hold the staged bytes
+    │   ├── TableCollisionError            another bucket's Lance table at the same path shares the items
+    │   └── BadEntryError                  what the item points at cannot be trusted
+    │       ├── DanglingEntryError         a final manifest that does not exist
+    │       ├── CorruptManifestError       not a readable manifest
+    │       ├── ManifestVersionMismatchError  a manifest of another version
+    │       └── ManifestSizeMismatchError  the item's size differs from the manifest's
+    ├── CommitError
+    │   ├── TablesNotColocatedError        a multi-table commit over several DynamoDB tables (also a ValueError)
+    │   └── MultiTableClaimLostError       a multi-table claim lost one version, so none was claimed
+    ├── StoreSchemaTooNewError             the DynamoDB table was stamped by a newer lancetx
+    ├── TableMovedError                    the Lance table was migrated to conditional PUT (s3://)
+    ├── InvalidUriError (also ValueError)  a malformed s3+ddb:// URI or table path
+    └── InvalidConfigError                 a malformed DynamoDB option (also a ValueError)
 
 :func:`lancetx.externalstore.dynamodb.botocore_errors.translate_error` is the
 single mapping from botocore exceptions to this tree; the sync and async DynamoDB
@@ -40,11 +59,13 @@ __all__ = [
     "AccessDeniedError",
     "AmbiguousWriteError",
     "BadEntryError",
+    "BatchEntryExistsError",
     "CorruptManifestError",
     "DanglingEntryError",
+    "DynamoDBTableNotFoundError",
+    "DynamoDBTableSchemaError",
     "DynamoDBTarget",
     "EndpointUnreachableError",
-    "EntriesExistError",
     "EntryExistsError",
     "EntryMismatchError",
     "EntryNotFoundError",
@@ -59,14 +80,14 @@ __all__ = [
     "ManifestPointerError",
     "ManifestSizeMismatchError",
     "ManifestVersionMismatchError",
+    "MultiTableClaimLostError",
     "ServiceUnavailableError",
+    "StoreSchemaTooNewError",
     "TableCollisionError",
-    "TableNotFoundError",
-    "TableSchemaError",
+    "TableMovedError",
     "TablesNotColocatedError",
     "ThrottledError",
     "UntrustedManifestPathError",
-    "VersionsAlreadyExistError",
     "WedgedVersionError",
     "create_table_hint",
     "repair_command",
@@ -162,7 +183,7 @@ class ExternalStoreError(LancetxError):
         super().__init__(f"{action} on {resource}: {message}")
 
 
-class TableNotFoundError(ExternalStoreError):
+class DynamoDBTableNotFoundError(ExternalStoreError):
     """The DynamoDB table does not exist in the region/endpoint we used."""
 
     def __init__(self, action: str, resource: str, target: DynamoDBTarget) -> None:
@@ -177,7 +198,7 @@ class TableNotFoundError(ExternalStoreError):
         )
 
 
-class TableSchemaError(ExternalStoreError):
+class DynamoDBTableSchemaError(ExternalStoreError):
     """The table's key schema or key types are not HASH base_uri (S) + RANGE version (N)."""
 
     def __init__(self, action: str, resource: str, table: str, found: str, problem: str) -> None:
@@ -247,6 +268,8 @@ class AccessDeniedError(ExternalStoreError):
 class ThrottledError(ExternalStoreError):
     """Still throttled after every retry our policy allows. Nothing was written."""
 
+    retryable = True
+
     def __init__(self, action: str, resource: str, code: str, attempts: int) -> None:
         self.attempts = attempts
         super().__init__(
@@ -261,6 +284,8 @@ class ThrottledError(ExternalStoreError):
 
 class EndpointUnreachableError(ExternalStoreError):
     """No connection to the endpoint could be made; nothing was sent."""
+
+    retryable = True
 
     def __init__(
         self, action: str, resource: str, endpoint: str | None, detail: str, attempts: int
@@ -280,6 +305,8 @@ class EndpointUnreachableError(ExternalStoreError):
 class ServiceUnavailableError(ExternalStoreError):
     """5xx or a dropped connection persisted through our retries (a read or an
     idempotent write, so the outcome is not in doubt)."""
+
+    retryable = True
 
     def __init__(
         self, action: str, resource: str, detail: str, attempts: int, code: str | None = None
@@ -338,7 +365,7 @@ class EntryExistsError(ExternalStoreError):
         )
 
 
-class EntriesExistError(ExternalStoreError):
+class BatchEntryExistsError(ExternalStoreError):
     """``put_all_if_not_exists`` wrote nothing: at least one of the versions is
     already claimed (DynamoDB cancelled the TransactWriteItems).
 
@@ -427,7 +454,7 @@ class TablesNotColocatedError(CommitError, ValueError):
         )
 
 
-class VersionsAlreadyExistError(CommitError):
+class MultiTableClaimLostError(CommitError):
     """A multi-table claim lost: another writer holds at least one of the
     versions, so none was claimed (all or nothing). ``taken`` maps each such
     table's ``base_uri`` to ``(version, winner's manifest path or None)``."""
@@ -490,6 +517,8 @@ class AmbiguousWriteError(ExternalStoreError):
     at the key, if anything. The staged manifest must be kept: it may be the
     committed version.
     """
+
+    retryable = True
 
     def __init__(
         self,
@@ -569,6 +598,8 @@ class ManifestMissingError(ManifestPointerError):
 
 class ManifestCopyMismatchError(ManifestPointerError):
     """The final manifest does not hold the staged bytes after a copy."""
+
+    retryable = True
 
     def __init__(self, base_uri: str, version: int, final: str, detail: str) -> None:
         self.base_uri = base_uri
@@ -738,3 +769,33 @@ class ManifestSizeMismatchError(BadEntryError):
 class MalformedEntryError(ExternalStoreError):
     """An item's attributes cannot be a Lance manifest entry (a version that is not a
     whole number in 0..2**64-1, a size that is not one, a missing path)."""
+
+
+# ---------------------------------------------------------- the store layout
+
+
+class StoreSchemaTooNewError(LancetxError):
+    """The DynamoDB table was stamped by a newer lancetx than this one."""
+
+    def __init__(self, table: str, found: int, supported: int) -> None:
+        self.table = table
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"DynamoDB table {table!r} uses lancetx store layout {found}, but this lancetx "
+            f"understands layouts up to {supported}; upgrade lancetx (pip install -U lancetx) "
+            "on this machine before reading or writing tables in it"
+        )
+
+
+class TableMovedError(LancetxError):
+    """The table was migrated to ``s3://`` (conditional PUT); ``s3+ddb://`` commits are refused."""
+
+    def __init__(self, base_uri: str, table: str, new_uri: str) -> None:
+        self.base_uri = base_uri
+        self.new_uri = new_uri
+        super().__init__(
+            f"table {base_uri!r} was migrated off DynamoDB table {table!r} to S3's conditional "
+            f"PUT; open it as {new_uri!r} (drop ?ddbTableName= and the dynamodb_* options). "
+            "Committing through s3+ddb:// now would claim versions that s3:// writers never see"
+        )

@@ -44,7 +44,7 @@ from lancetx.externalstore.base import (
 )
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
-    EntriesExistError,
+    BatchEntryExistsError,
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
@@ -285,7 +285,7 @@ class MemoryManifestStore(ExternalManifestStore):
                     self._tables.setdefault(entry.base_uri, {})[entry.version] = entry
         if not applied:
             failed = [i for i, found in enumerate(existing) if found is not None]
-            raise EntriesExistError(action, self._resource(), list(entries), failed, existing)
+            raise BatchEntryExistsError(action, self._resource(), list(entries), failed, existing)
         if fault is not None:
             raise AmbiguousWriteError(
                 action, self._resource(), entries[0], "injected: landed, then the answer was lost"

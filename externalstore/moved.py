@@ -12,31 +12,17 @@ version 0), which pylance never queries.
 
 from __future__ import annotations
 
-from lancetx.commit.errors import LancetxError
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,
     ExternalManifestStore,
     ManifestEntry,
 )
-from lancetx.externalstore.errors import EntryNotFoundError
+from lancetx.externalstore.errors import EntryNotFoundError, TableMovedError
 
 #: Prefix of the hash key of a moved-table record.
 MOVED_PREFIX = "__lancetx_moved__/"
 #: ``committer`` of the record; its ``path`` is the table's new ``s3://`` URI.
 MOVED_COMMITTER = "lancetx-sync migrate-to-conditional-put"
-
-
-class TableMovedError(LancetxError):
-    """The table was migrated to ``s3://`` (conditional PUT); ``s3+ddb://`` commits are refused."""
-
-    def __init__(self, base_uri: str, table: str, new_uri: str) -> None:
-        self.base_uri = base_uri
-        self.new_uri = new_uri
-        super().__init__(
-            f"table {base_uri!r} was migrated off DynamoDB table {table!r} to S3's conditional "
-            f"PUT; open it as {new_uri!r} (drop ?ddbTableName= and the dynamodb_* options). "
-            "Committing through s3+ddb:// now would claim versions that s3:// writers never see"
-        )
 
 
 def moved_key(base_uri: str) -> str:

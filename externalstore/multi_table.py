@@ -83,7 +83,7 @@ from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.externalstore.base import ExternalManifestStore
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection
-from lancetx.externalstore.errors import TablesNotColocatedError, VersionsAlreadyExistError
+from lancetx.externalstore.errors import MultiTableClaimLostError, TablesNotColocatedError
 from lancetx.externalstore.protocol import (
     Staged,
     Table,
@@ -304,7 +304,7 @@ def commit_many(
                     claimer.store,
                     claimer.entries,
                 )
-            except VersionsAlreadyExistError as lost:
+            except MultiTableClaimLostError as lost:
                 # Staged manifests are already deleted; remove what the round wrote.
                 _discard(claiming)
                 _raise_if_expected(claiming, lost)
@@ -446,7 +446,7 @@ def _prepare(
     return prepared
 
 
-def _raise_if_expected(prepared: Sequence[_Prepared], lost: VersionsAlreadyExistError) -> None:
+def _raise_if_expected(prepared: Sequence[_Prepared], lost: MultiTableClaimLostError) -> None:
     for p in prepared:
         staged = _staged(p)
         if p.commit.expected_version is not None and staged.table.base_uri in lost.taken:

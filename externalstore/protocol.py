@@ -42,9 +42,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     IdempotencyKeyCollisionError,
+    KeyAlreadyCommittedError,
     LancetxError,
     ObjectNotFoundError,
+    VersionAlreadyExistsError,
     VersionNotFoundError,
 )
 from lancetx.commit.format.listing import (
@@ -64,11 +67,6 @@ from lancetx.commit.format.naming import (
     parse_staged_name,
     staged_manifest_key,
 )
-from lancetx.commit.handlers.interface import (
-    CommitStateUnknownError,
-    KeyAlreadyCommittedError,
-    VersionAlreadyExistsError,
-)
 from lancetx.commit.storage.limits import MANIFEST, read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
 from lancetx.externalstore.base import (
@@ -84,7 +82,9 @@ from lancetx.externalstore.base import (
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
-    EntriesExistError,
+    BatchEntryExistsError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
@@ -93,10 +93,8 @@ from lancetx.externalstore.errors import (
     ManifestCopyMismatchError,
     ManifestMissingError,
     ManifestSizeMismatchError,
-    TableNotFoundError,
-    TableSchemaError,
+    MultiTableClaimLostError,
     UntrustedManifestPathError,
-    VersionsAlreadyExistError,
 )
 
 if TYPE_CHECKING:
@@ -109,7 +107,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Claim errors that prove the request was not applied (so our staged object is garbage).
-_REFUSED = (AccessDeniedError, InvalidRequestError, TableNotFoundError, TableSchemaError)
+_REFUSED = (
+    AccessDeniedError,
+    InvalidRequestError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
+)
 
 #: What lancetx writes in the ``committer`` attribute.
 COMMITTER = "lancetx"
@@ -397,7 +400,7 @@ def claim_all_steps(claims: list[Staged], *, request_token: str | None = None) -
 
     A claim that may have landed is sent again with the same request token;
     condition failures then tell ours (our commit tokens) from another
-    writer's. Raises VersionsAlreadyExistError after deleting every staged
+    writer's. Raises MultiTableClaimLostError after deleting every staged
     manifest when another writer holds one of the versions (so none was
     claimed), CommitStateUnknownError when the outcome cannot be settled
     (staged manifests kept).
@@ -410,7 +413,7 @@ def claim_all_steps(claims: list[Staged], *, request_token: str | None = None) -
         try:
             yield ClaimEntries(entries, request_token)
             return
-        except EntriesExistError as lost:
+        except BatchEntryExistsError as lost:
             failed, existing = lost.failed, lost.existing
             may_be_ours = last_error is not None or lost.ambiguous
         except AmbiguousWriteError as unclear:
@@ -447,7 +450,7 @@ def claim_all_steps(claims: list[Staged], *, request_token: str | None = None) -
             raise _claims_unknown(claims, tables, "the items found do not settle it")
         for claim in claims:
             yield from _best_effort_delete(claim.entry.path)
-        raise VersionsAlreadyExistError(
+        raise MultiTableClaimLostError(
             {
                 claim.table.base_uri: (claim.entry.version, found.path if found else None)
                 for claim, _, found in owners

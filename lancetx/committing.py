@@ -44,13 +44,14 @@ from lancetx.commit.engine.operations import (
 from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.engine.unreferenced import Claim, release
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     DatasetNotFoundError,
     ExpectedVersionMismatchError,
+    KeyAlreadyCommittedError,
     RetryableConflictError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, join
-from lancetx.commit.handlers.interface import CommitStateUnknownError, KeyAlreadyCommittedError
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
 from lancetx.externalstore.connect import scheme_of

@@ -1,17 +1,205 @@
-"""Errors of the front door (the Table API).
+"""Every lancetx error, in one place: the one catch list.
 
-Each one is a :class:`~lancetx.commit.errors.LancetxError` raised *before* anything
-is committed: the message names the table, the thing at fault (column, predicate,
-file, Python type) and what to do instead. Errors of the commit itself (conflicts,
-strict-mode mismatches, unknown outcomes) come from :mod:`lancetx.commit.errors`
-and :mod:`lancetx.commit.handlers.interface` unchanged.
+Each error is a :class:`LancetxError`; the front door's, the maintenance tools'
+and the Spark data source's are defined here, and every other layer's is
+re-exported, so ``from lancetx.errors import X`` (or ``lancetx.X``) reaches any of
+them. A message names the table, version, file, key or AWS action and resource
+at fault and says what to do. :attr:`LancetxError.retryable` (marked ``*`` below)
+says whether the same call may simply be made again; its docstring gives the rule.
+
+The tree (where each is defined in brackets: ``commit`` is
+:mod:`lancetx.commit.errors`, ``store`` :mod:`lancetx.externalstore.errors`, no
+bracket this module)::
+
+    LancetxError
+    ├── TableError                         front door: ``uri`` names the Lance table; nothing was written
+    │   ├── TableExistsError               write_table(mode="create") found a table
+    │   ├── InvalidPredicateError          pylance cannot use the filter
+    │   ├── UnknownColumnError             a verb names columns the table lacks
+    │   ├── SchemaMismatchError            data whose schema does not fit the table's
+    │   │   └── ColumnMismatchError        ... one column of it (``column``)
+    │   ├── UnsupportedInputError          an object this verb cannot take (also a TypeError)
+    │   ├── ForeignFragmentError           fragments outside the table's data/ directory
+    │   ├── PylanceCommitsItselfError      a verb only pylance's own commit could do
+    │   ├── ReadOnlyTableError             a write on a checkout() view
+    │   ├── WriterClosedError              a streaming writer used after commit()/abort()
+    │   └── TagError                       Table.tags, or a version opened by tag (``tag``)
+    │       ├── TagNotFoundError           no such tag (``existing`` lists them; also a LookupError)
+    │       ├── TagExistsError             tags.create of a name already taken
+    │       ├── InvalidTagNameError        a name Lance refuses (also a ValueError)
+    │       └── TagOnBranchError           a pylance tag on another branch
+    ├── ArgumentTypeError                  a public call's argument has the wrong type (also a TypeError)
+    ├── InvalidIdempotencyKeyError         an empty, non-UTF-8 or too long idempotency key (also a ValueError)
+    ├── InvalidWriteParamError             a write parameter pylance cannot take (also a TypeError, ValueError)
+    ├── InvalidUriError                    [commit] a table URI we cannot open (also a ValueError)
+    ├── StorageOptionError                 [commit] a storage option we cannot use (also a ValueError)
+    ├── MissingExtraError                  [commit] an extra's packages are absent (also an ImportError)
+    ├── DatasetNotFoundError               [commit] no Lance table at the URI
+    ├── VersionNotFoundError               [commit] no such version
+    │   └── TagTargetRemovedError          a cleanup removed the version while it was being tagged
+    ├── CommitError                        [commit] committing a transaction failed
+    │   ├── CommitConflictError            a transaction committed since ours conflicts with it
+    │   │   ├── RetryableConflictError *   re-planned on the new version, the result is the same
+    │   │   └── IncompatibleConflictError  ours no longer makes sense on the new version
+    │   ├── RetriesExhaustedError *        every attempt lost the race until the budget ran out
+    │   ├── ExpectedVersionMismatchError   a strict commit found another version
+    │   ├── UnfinishedParentError *        the parent version is committed but not finished yet
+    │   ├── InvalidCommitError             a request that cannot be valid for this table
+    │   ├── InvalidTransactionError        a transaction that does not fit its parent
+    │   ├── IdempotencyKeyCollisionError   two keys' hashes met: use another key
+    │   ├── CommitStateUnknownError *      the claim may have landed: retry with the same key
+    │   │   └── JobCommitUnknownError *    ... a Spark job's, not settled within its budget
+    │   ├── VersionAlreadyExistsError      another writer claimed the version (the loop rebases)
+    │   ├── KeyAlreadyCommittedError       the idempotency key is committed already
+    │   ├── TablesNotColocatedError        [store] commit_many over several DynamoDB tables (also a ValueError)
+    │   ├── MultiTableClaimLostError       [store] a multi-table claim lost a version (commit_many retries)
+    │   └── JobCommitTimeoutError *        a Spark job lost every race within its commit budget
+    ├── FormatError                        [commit] a file is not a valid Lance artifact
+    │   ├── ManifestFormatError
+    │   ├── TransactionFileError
+    │   ├── DeletionFileError
+    │   ├── ObjectTooLargeError            larger than the cap on its kind (manifest, transaction, tag)
+    │   │   ├── ManifestTooLargeError      (also a ManifestFormatError)
+    │   │   └── TransactionTooLargeError   (also a TransactionFileError)
+    │   ├── FragmentFormatError            fragment metadata we cannot take
+    │   ├── MixedNamingSchemesError        V1 and V2 manifest names in one _versions/
+    │   ├── RowIdFormatError               a row-id sequence that does not decode
+    │   └── TagFileError                   a tag file that names no version
+    ├── SchemaConversionError              [commit] an Arrow schema or field list we cannot convert
+    ├── UnsupportedFeatureError            [commit] a feature flag we do not implement
+    │   └── UnsupportedTransactionError    an operation we do not build
+    ├── ObjectStoreError                   [commit] an object-store request failed
+    │   ├── ObjectNotFoundError
+    │   ├── ObjectExistsError              a conditional create lost to an existing object
+    │   ├── UnsupportedOperationError      the store lacks the capability asked for
+    │   │   └── ConditionalPutIgnoredError the store ignores If-None-Match: commit through DynamoDB
+    │   └── TransientObjectStoreError *    5xx / throttling / connection
+    ├── ExternalStoreError                 [store] a DynamoDB request failed (action + resource)
+    │   ├── DynamoDBTableNotFoundError     the DynamoDB table does not exist where we looked
+    │   ├── DynamoDBTableSchemaError       its key names or key types are not Lance's
+    │   ├── AccessDeniedError              IAM denies the action, or bad credentials
+    │   ├── ThrottledError *               still throttled after our retries
+    │   ├── EndpointUnreachableError *     could not connect (nothing was sent)
+    │   ├── ServiceUnavailableError *      5xx / dropped connection after retries
+    │   ├── InvalidRequestError            DynamoDB rejected the request
+    │   ├── EntryExistsError               the version's item exists (a lost race)
+    │   ├── BatchEntryExistsError              one of several versions' items exists
+    │   ├── KeyExistsError                 the idempotency key's item exists
+    │   ├── EntryNotFoundError             no item for (base_uri, version)
+    │   ├── EntryMismatchError             the item points elsewhere
+    │   ├── MalformedEntryError            an item that cannot be a manifest entry
+    │   └── AmbiguousWriteError *          a write may or may not have landed
+    ├── ManifestPointerError               [store] an item cannot be followed to a manifest
+    │   ├── UntrustedManifestPathError     it points outside _versions/ or at another version
+    │   ├── ManifestMissingError           staged and final manifest are both gone
+    │   │   └── WedgedVersionError         ... after a claim that landed: repair it
+    │   ├── ManifestCopyMismatchError *    the final manifest does not hold the staged bytes
+    │   ├── TableCollisionError            another bucket's Lance table at the same path
+    │   └── BadEntryError                  what the item points at cannot be trusted
+    │       ├── DanglingEntryError
+    │       ├── CorruptManifestError
+    │       ├── ManifestVersionMismatchError
+    │       └── ManifestSizeMismatchError
+    ├── InvalidConfigError                 [store] a DynamoDB option we cannot use (also a ValueError)
+    ├── StoreSchemaTooNewError             [store] the DynamoDB table was stamped by a newer lancetx
+    ├── TableMovedError                    [store] the Lance table was migrated to s3:// (conditional PUT)
+    ├── NotAnExternalStoreTableError       lancetx-sync: a DynamoDB command given a URI without one
+    ├── WedgedTableError                   gc/cleanup: versions need repair first
+    ├── UntrustedReferenceError            gc/cleanup: a reference points outside the table
+    ├── UnsafeThresholdError               gc: --older-than below the minimum (also a ValueError)
+    ├── RepairVerificationError            repair: what it wrote did not read back
+    ├── NoParentError                      repair: a wedged version's parent cannot be read
+    ├── IamPolicyError                     iam-policy: cannot write the policy (also a ValueError)
+    ├── SparkOptionError                   Spark: an option we cannot use (also a ValueError)
+    │   └── UnknownSparkOptionError        an option name we do not know
+    ├── SparkSchemaError                   Spark: a column that does not fit the table
+    │   └── UnsupportedSparkTypeError      a Spark type Lance cannot hold
+    └── SparkSetupError                    Spark cannot be made to find the data source
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 
-from lancetx.commit.errors import LancetxError, VersionNotFoundError
+from lancetx.commit.engine.builder.errors import (
+    InvalidTransactionError,
+    UnsupportedTransactionError,
+)
+from lancetx.commit.errors import (
+    CommitConflictError,
+    CommitError,
+    CommitStateUnknownError,
+    DatasetNotFoundError,
+    DeletionFileError,
+    ExpectedVersionMismatchError,
+    FormatError,
+    IdempotencyKeyCollisionError,
+    IncompatibleConflictError,
+    InvalidCommitError,
+    InvalidUriError,
+    KeyAlreadyCommittedError,
+    LancetxError,
+    ManifestFormatError,
+    ManifestTooLargeError,
+    MissingExtraError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ObjectTooLargeError,
+    RetriesExhaustedError,
+    RetryableConflictError,
+    SchemaConversionError,
+    StorageOptionError,
+    TransactionFileError,
+    TransactionTooLargeError,
+    TransientObjectStoreError,
+    UnfinishedParentError,
+    UnsupportedFeatureError,
+    UnsupportedOperationError,
+    VersionAlreadyExistsError,
+    VersionNotFoundError,
+)
+from lancetx.commit.format.fragments import FragmentFormatError
+from lancetx.commit.format.listing import MixedNamingSchemesError
+from lancetx.commit.format.retention import TagFileError
+from lancetx.commit.format.rowids import RowIdFormatError
+from lancetx.commit.handlers.probe import ConditionalPutIgnoredError
+from lancetx.externalstore.errors import (
+    AccessDeniedError,
+    AmbiguousWriteError,
+    BadEntryError,
+    BatchEntryExistsError,
+    CorruptManifestError,
+    DanglingEntryError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
+    EndpointUnreachableError,
+    EntryExistsError,
+    EntryMismatchError,
+    EntryNotFoundError,
+    ExternalStoreError,
+    InvalidConfigError,
+    InvalidRequestError,
+    KeyExistsError,
+    MalformedEntryError,
+    ManifestCopyMismatchError,
+    ManifestMissingError,
+    ManifestPointerError,
+    ManifestSizeMismatchError,
+    ManifestVersionMismatchError,
+    MultiTableClaimLostError,
+    ServiceUnavailableError,
+    StoreSchemaTooNewError,
+    TableCollisionError,
+    TableMovedError,
+    TablesNotColocatedError,
+    ThrottledError,
+    UntrustedManifestPathError,
+    WedgedVersionError,
+)
+
+# ------------------------------------------------------------------ the front door
 
 
 class ArgumentTypeError(LancetxError, TypeError):
@@ -281,25 +469,261 @@ class TagTargetRemovedError(VersionNotFoundError):
         )
 
 
+# ----------------------------------- maintenance (lancetx.ops, lancetx-sync)
+
+
+class IamPolicyError(LancetxError, ValueError):
+    """The policy cannot be written as asked (an unsafe path, a missing account or key)."""
+
+
+class UnsafeThresholdError(LancetxError, ValueError):
+    """gc was asked for a threshold below its minimum (``lancetx.ops.gc.MINIMUM_OLDER_THAN``)
+    without being forced. ``older_than`` is what was asked, ``minimum`` the smallest
+    threshold gc accepts; the message says why and what to pass instead."""
+
+    def __init__(self, older_than: timedelta, minimum: timedelta, message: str) -> None:
+        self.older_than = older_than
+        self.minimum = minimum
+        super().__init__(message)
+
+
+class RepairVerificationError(LancetxError):
+    """A manifest repair wrote did not read back as expected; the item was not changed."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(
+            f"the manifest written to {path!r} does not read back as expected ({problem}); "
+            "the DynamoDB item was not changed. Delete that object and run repair again"
+        )
+
+
+class NoParentError(LancetxError):
+    """A wedged version's parent cannot be read, so it cannot be rebuilt."""
+
+
+class WedgedTableError(LancetxError):
+    """gc/cleanup refuse to run on a table with versions that need repair first."""
+
+    def __init__(self, uri: str, versions: list[int], command: str) -> None:
+        self.versions = versions
+        super().__init__(
+            f"{uri!r} has version(s) {versions} that cannot be read (wedged or missing "
+            f"manifest); their repair may need files this would delete. Run {command} first"
+        )
+
+
+class UntrustedReferenceError(LancetxError):
+    """An item or a manifest points outside the table: gc/cleanup delete nothing."""
+
+    def __init__(self, uri: str, refused: list[str], command: str) -> None:
+        self.refused = refused
+        shown = "; ".join(refused[:3]) + (
+            f"; … ({len(refused) - 3} more)" if len(refused) > 3 else ""
+        )
+        super().__init__(
+            f"{uri!r}: refusing to follow {len(refused)} reference(s) that point outside the "
+            f"table ({shown}); nothing was deleted. {command} reports each with its fix"
+        )
+
+
+class NotAnExternalStoreTableError(LancetxError, ValueError):
+    """A command that works on the DynamoDB side was given a URI without one."""
+
+    def __init__(self, uri: str, command: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"`lancetx-sync {command}` needs an s3+ddb:// table URI "
+            f"(s3+ddb://bucket/path?ddbTableName=T), got {uri!r}"
+        )
+
+
+# ----------------------------------- the Spark data source (pyspark_lancetx)
+
+
+class SparkOptionError(LancetxError, ValueError):
+    """A data-source option has a value that cannot be used."""
+
+    def __init__(self, option: str, value: str | None, expected: str) -> None:
+        self.option = option
+        self.value = value
+        super().__init__(f"option {option!r}={value!r} is invalid: expected {expected}")
+
+
+class UnknownSparkOptionError(SparkOptionError):
+    """An option name the data source does not know (a typo would otherwise be ignored)."""
+
+    def __init__(self, option: str, where: str, suggestion: str) -> None:
+        self.option = option
+        self.value = None
+        LancetxError.__init__(self, f"unknown option {option!r} {where}: {suggestion}")
+
+
+class SparkSetupError(LancetxError):
+    """Spark cannot be made to find the data source from here; the message says what to set."""
+
+
+class SparkSchemaError(LancetxError):
+    """The DataFrame's columns do not fit the table (or cannot be stored at all).
+
+    ``column`` is the dotted path of the first offending column.
+    """
+
+    def __init__(self, uri: str, column: str, problem: str) -> None:
+        self.uri = uri
+        self.column = column
+        self.problem = problem
+        super().__init__(f"column {column!r} cannot be written to {uri!r}: {problem}")
+
+
+class UnsupportedSparkTypeError(SparkSchemaError):
+    """A Spark type with no faithful Lance/Arrow representation (intervals, void, variant)."""
+
+
+class JobCommitUnknownError(CommitStateUnknownError):
+    """The job's commit may or may not have landed, and it could not be settled in time.
+
+    The job's data files are kept. Look the job up with
+    ``pyspark_lancetx.last_commit(uri, job_id)`` once the store answers again:
+    a version there means the job committed; none means it did not, and the job
+    can be re-run with the same ``job_id`` (it will not commit twice).
+    """
+
+    def __init__(self, uri: str, job_id: str, version: int, detail: str) -> None:
+        self.job_id = job_id
+        super().__init__(uri, version, None, detail)
+        self.args = (
+            f"outcome of Spark job {job_id!r} committing to {uri!r} is unknown ({detail}); its "
+            f"data files are kept. Call pyspark_lancetx.last_commit({uri!r}, {job_id!r}) when the "
+            "store answers: a version means it committed; None means re-run the job with the "
+            "same job_id option (it will not commit twice)",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class JobCommitTimeoutError(CommitError):
+    """The job lost the race for a version for longer than its commit budget.
+
+    Nothing was committed for the job and its data files were removed.
+    """
+
+    retryable = True
+
+    def __init__(self, uri: str, job_id: str, seconds: float, attempts: int) -> None:
+        self.uri = uri
+        self.job_id = job_id
+        super().__init__(
+            f"Spark job {job_id!r} could not commit to {uri!r} within {seconds:.0f}s "
+            f"({attempts} attempts lost to concurrent writers); nothing was committed. Re-run the "
+            "job, or raise the commit_timeout option"
+        )
+
+
 __all__ = [
+    "AccessDeniedError",
+    "AmbiguousWriteError",
     "ArgumentTypeError",
+    "BadEntryError",
+    "BatchEntryExistsError",
     "ColumnMismatchError",
+    "CommitConflictError",
+    "CommitError",
+    "CommitStateUnknownError",
+    "ConditionalPutIgnoredError",
+    "CorruptManifestError",
+    "DanglingEntryError",
+    "DatasetNotFoundError",
+    "DeletionFileError",
+    "DynamoDBTableNotFoundError",
+    "DynamoDBTableSchemaError",
+    "EndpointUnreachableError",
+    "EntryExistsError",
+    "EntryMismatchError",
+    "EntryNotFoundError",
+    "ExpectedVersionMismatchError",
+    "ExternalStoreError",
     "ForeignFragmentError",
+    "FormatError",
+    "FragmentFormatError",
+    "IamPolicyError",
+    "IdempotencyKeyCollisionError",
+    "IncompatibleConflictError",
+    "InvalidCommitError",
+    "InvalidConfigError",
     "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
+    "InvalidRequestError",
     "InvalidTagNameError",
+    "InvalidTransactionError",
+    "InvalidUriError",
     "InvalidWriteParamError",
+    "JobCommitTimeoutError",
+    "JobCommitUnknownError",
+    "KeyAlreadyCommittedError",
+    "KeyExistsError",
+    "LancetxError",
+    "MalformedEntryError",
+    "ManifestCopyMismatchError",
+    "ManifestFormatError",
+    "ManifestMissingError",
+    "ManifestPointerError",
+    "ManifestSizeMismatchError",
+    "ManifestTooLargeError",
+    "ManifestVersionMismatchError",
+    "MissingExtraError",
+    "MixedNamingSchemesError",
+    "MultiTableClaimLostError",
+    "NoParentError",
+    "NotAnExternalStoreTableError",
+    "ObjectExistsError",
+    "ObjectNotFoundError",
+    "ObjectStoreError",
+    "ObjectTooLargeError",
     "PylanceCommitsItselfError",
     "ReadOnlyTableError",
+    "RepairVerificationError",
+    "RetriesExhaustedError",
+    "RetryableConflictError",
+    "RowIdFormatError",
+    "SchemaConversionError",
     "SchemaMismatchError",
+    "ServiceUnavailableError",
+    "SparkOptionError",
+    "SparkSchemaError",
+    "SparkSetupError",
+    "StorageOptionError",
+    "StoreSchemaTooNewError",
+    "TableCollisionError",
     "TableError",
     "TableExistsError",
+    "TableMovedError",
+    "TablesNotColocatedError",
     "TagError",
     "TagExistsError",
+    "TagFileError",
     "TagNotFoundError",
     "TagOnBranchError",
     "TagTargetRemovedError",
+    "ThrottledError",
+    "TransactionFileError",
+    "TransactionTooLargeError",
+    "TransientObjectStoreError",
+    "UnfinishedParentError",
     "UnknownColumnError",
+    "UnknownSparkOptionError",
+    "UnsafeThresholdError",
+    "UnsupportedFeatureError",
     "UnsupportedInputError",
+    "UnsupportedOperationError",
+    "UnsupportedSparkTypeError",
+    "UnsupportedTransactionError",
+    "UntrustedManifestPathError",
+    "UntrustedReferenceError",
+    "VersionAlreadyExistsError",
+    "VersionNotFoundError",
+    "WedgedTableError",
+    "WedgedVersionError",
     "WriterClosedError",
 ]

@@ -27,6 +27,7 @@ from lancetx.commit.format.retention import removed_versions
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.protos import table_pb2
 
 T = TypeVar("T")
 
@@ -55,6 +56,10 @@ class VersionInfo:
     properties: Mapping[str, str] = field(default_factory=dict)
     committer: str = ""
     transaction_uuid: str | None = None
+    #: Live rows (physical rows minus deleted rows) as the manifest records them;
+    #: None when a deletion file does not record its count (files older than Lance
+    #: recording it: ``Table.checkout(version).count_rows()`` counts them).
+    rows: int | None = None
 
     @property
     def idempotency_key(self) -> str | None:
@@ -86,7 +91,19 @@ def version_info(
         properties=properties,
         committer=manifest.writer_version.library,
         transaction_uuid=txn.uuid if txn is not None else None,
+        rows=_live_rows(manifest),
     )
+
+
+def _live_rows(manifest: table_pb2.Manifest) -> int | None:
+    rows = 0
+    for fragment in manifest.fragments:
+        rows += fragment.physical_rows
+        if fragment.HasField("deletion_file"):
+            if not fragment.deletion_file.num_deleted_rows:
+                return None  # not recorded: only the deletion vector knows
+            rows -= fragment.deletion_file.num_deleted_rows
+    return rows
 
 
 class _Gone:

@@ -11,7 +11,7 @@ talks to the version store.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -113,6 +113,29 @@ class TableState:
             self._infos.update((info.version, info) for info in loaded)
             # Versions a cleanup removed were left out by load_versions.
             return [self._infos[loc.version] for loc in locations if loc.version in self._infos]
+
+    def walk_history(self, *, since: int = 0, until: int | None = None) -> Iterator[VersionInfo]:
+        """Versions ``since+1 .. until`` (default: latest listed), newest first, read in
+        parallel batches as the caller goes on (stop early, and older versions are never
+        read); each version is read at most once per process."""
+        from lancetx.history import HISTORY_PARALLELISM, load_versions
+
+        handler, base = self.conn.handler, self.conn.base
+        locations = [
+            loc
+            for loc in handler.list_versions(base, since)
+            if loc.version > since and (until is None or loc.version <= until)
+        ]
+        locations.sort(key=lambda loc: loc.version, reverse=True)
+        for start in range(0, len(locations), HISTORY_PARALLELISM):
+            batch = locations[start : start + HISTORY_PARALLELISM]
+            with self._lock:
+                missing = [loc for loc in batch if loc.version not in self._infos]
+            loaded = load_versions(handler, base, missing)
+            with self._lock:
+                self._infos.update((info.version, info) for info in loaded)
+                found = [self._infos[loc.version] for loc in batch if loc.version in self._infos]
+            yield from found
 
     def find_idempotency_key(self, key: str, *, since: int = 0) -> int | None:
         """The version committed with idempotency ``key``, or None: its key item

@@ -8,7 +8,7 @@ it last committed or opened, without pylance resolving "latest" on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -400,6 +400,20 @@ class Table(TableVerbs[int]):
         return dict(self._state.conn.storage_options)
 
     @property
+    def pylance_storage_options(self) -> dict[str, str]:
+        """The storage options to hand pylance for this table's data (lancetx's own
+        ``lancetx_*`` switches removed): with :attr:`data_uri` and :attr:`version`, what
+        a reader elsewhere (a Spark executor) needs to open this version with pylance."""
+        return dict(self._state.pylance_storage_options() or {})
+
+    @property
+    def exists(self) -> bool:
+        """Whether the table has a version (as of opening or the last refresh/commit).
+        False only for a Table opened with ``missing_ok=True`` where nothing is yet;
+        :meth:`commit_fragments` creates it."""
+        return self._pinned is not None or self._state.parent is not None
+
+    @property
     def read_only(self) -> bool:
         """True for a :meth:`checkout` view."""
         return self._pinned is not None
@@ -474,8 +488,20 @@ class Table(TableVerbs[int]):
 
     def history(self) -> list[VersionInfo]:
         """Every version up to :attr:`version`, oldest first, with operation, commit
-        message, properties and committer (one GET per version, in parallel)."""
+        message, properties, committer and rows (one GET per version, in parallel;
+        each read once per process). Empty for a table that does not exist yet."""
+        if not self.exists:
+            return []
         return self._state.history(until=self.version)
+
+    def walk_history(self, *, since: int = 0) -> Iterator[VersionInfo]:
+        """The versions after ``since`` up to :attr:`version`, *newest first*, read in
+        parallel batches as the iteration goes on: stop once you found what you look
+        for (a job's newest commit, say) and older versions are never read. Versions a
+        cleanup removed are left out; each version is read at most once per process."""
+        if not self.exists:
+            return iter(())
+        return self._state.walk_history(since=since, until=self.version)
 
     def versions(self) -> list[VersionInfo]:
         """Same as :meth:`history`."""
@@ -486,6 +512,70 @@ class Table(TableVerbs[int]):
         item on an ``s3+ddb://`` table (also when cleanup has removed that version),
         else from the table's history, every version of it."""
         return self._state.find_idempotency_key(key)
+
+    @property
+    def data_storage_version(self) -> str | None:
+        """The Lance data storage version of :attr:`version`'s data files (``"2.0"``,
+        ``"2.1"`` …; None if the manifest does not say): new data files must match it."""
+        found = self._state.parent_at(self.version).manifest.manifest.data_format.version
+        return found or None
+
+    def check_fragment_schema(self, schema: pa.Schema, *, merge_schema: bool = False) -> None:
+        """Check, before writing anything, that fragments written as a new dataset of
+        ``schema`` (fresh field ids, as :meth:`commit_fragments` takes with
+        ``fresh_field_ids=True``) can be appended to :attr:`version`: the columns are
+        matched by path and their types must be the table's (new columns need
+        ``merge_schema``). Raises SchemaConversionError for a column Lance cannot
+        hold and ColumnMismatchError naming the first column that does not fit. Nulls
+        in non-nullable columns are checked at the commit (only then are they counted)."""
+        from lancetx.commit.format.schema import arrow_schema_to_fields
+        from lancetx.verbs.field_ids import match_columns
+
+        fields = self._state.parent_at(self.version).manifest.manifest.fields
+        ours = arrow_schema_to_fields(schema)[0]
+        match_columns(self.uri, ours, list(fields), merge_schema=merge_schema)
+
+    def commit_fragments(
+        self,
+        fragments: Iterable[Any],
+        *,
+        schema: pa.Schema | None,
+        mode: str = "append",
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        fresh_field_ids: bool = False,
+        merge_schema: bool = False,
+        null_counts: Mapping[str, int] | None = None,
+        idempotency_since: int = 0,
+        commit_timeout: float | None = None,
+    ) -> CommitResult:
+        """:func:`lancetx.commit_fragments` on this Table: the same commit, planned
+        against the newest version this Table knows and through its connection (a
+        caller committing several times, or looking keys and history up around the
+        commit, opens the table once). Creates the table if it has no version yet
+        (``lancetx.open(uri, missing_ok=True)``). Returns the CommitResult."""
+        if self._pinned is not None:
+            raise ReadOnlyTableError(self.uri, self._pinned)
+        verb = fragments_verb(
+            self.uri,
+            fragments,
+            schema=schema,
+            mode=mode,
+            commit_message=commit_message,
+            properties=properties,
+            idempotency_key=idempotency_key,
+            expected_version=expected_version,
+            fresh_field_ids=fresh_field_ids,
+            merge_schema=merge_schema,
+            null_counts=null_counts,
+            idempotency_since=idempotency_since,
+            commit_timeout=commit_timeout,
+        )
+        result = run_verb(self._state, *verb)
+        self.last_commit = result
+        return result
 
     def _run(self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None) -> int:
         return self._run_result(plan, args, flags).version
@@ -592,12 +682,16 @@ def open(
     storage_options: Mapping[str, str] | None = None,
     *,
     version: int | str | None = None,
+    missing_ok: bool = False,
 ) -> Table:
     """Open the table at ``uri`` (``s3+ddb://bucket/path?ddbTableName=T``, ``s3://…``,
-    or a local path). Raises DatasetNotFoundError if it has no version; with
-    ``version`` (a number or a tag's name) returns a read-only view of that version."""
+    or a local path). Raises DatasetNotFoundError if it has no version, unless
+    ``missing_ok``: then the Table of a table that does not exist yet
+    (:attr:`Table.exists` False, :attr:`Table.data_uri` known) is returned, which
+    :meth:`Table.commit_fragments` creates. With ``version`` (a number or a tag's
+    name) returns a read-only view of that version."""
     state = TableState.connect(uri, storage_options)
-    if state.refresh() is None:
+    if state.refresh() is None and (not missing_ok or version is not None):
         raise DatasetNotFoundError(uri)
     table = Table(state)
     return table.checkout(version) if version is not None else table

@@ -36,7 +36,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from lancetx.errors import ColumnMismatchError
-from lancetx.verbs.field_ids import match_columns
 from pyspark_lancetx.commit import (
     JobCommit,
     commit_job,
@@ -48,7 +47,6 @@ from pyspark_lancetx.filters import conjunction, translate
 from pyspark_lancetx.options import ReadOptions, WriteOptions
 from pyspark_lancetx.schema import (
     conform_read_batch,
-    lance_fields,
     read_spark_schema,
     spark_arrow_schema,
     write_schema,
@@ -115,29 +113,21 @@ def _table_state(
     options: WriteOptions, schema: pa.Schema, overwrite: bool
 ) -> tuple[str, _TableState]:
     """The data URI and the table's latest version; checks an append's columns early."""
-    from lancetx.commit.engine.committer import load_parent
-    from lancetx.externalstore.connect import connect
+    import lancetx
 
-    conn = connect(options.uri, options.storage_options)
-    parent = load_parent(conn.handler, conn.base)
-    if parent is None:
-        return conn.data_uri, _TableState(0, options.data_storage_version)
-    manifest = parent.manifest.manifest
+    table = lancetx.open(options.uri, options.storage_options, missing_ok=True)
+    if not table.exists:
+        return table.data_uri, _TableState(0, options.data_storage_version)
     if not overwrite:
         # Types only: null counts are known once the tasks ran (the commit checks them).
         try:
-            match_columns(
-                options.uri,
-                lance_fields(schema),
-                list(manifest.fields),
-                merge_schema=options.merge_schema,
-            )
+            table.check_fragment_schema(schema, merge_schema=options.merge_schema)
         except ColumnMismatchError as exc:
             raise SparkSchemaError(options.uri, exc.column, exc.problem) from None
-    storage = manifest.data_format.version or None
+    storage = table.data_storage_version
     if overwrite and options.data_storage_version is not None:
         storage = options.data_storage_version
-    return conn.data_uri, _TableState(parent.version, storage)
+    return table.data_uri, _TableState(table.version, storage)
 
 
 def _plan_write(
@@ -286,7 +276,8 @@ class ScanPlan:
     DynamoDB again."""
 
     uri: str
-    #: Not in the repr: it holds credentials.
+    #: The storage options pylance gets (lancetx's own removed). Not in the repr: it
+    #: holds credentials.
     storage_options: dict[str, str] = field(repr=False)
     version: int
     columns: tuple[str, ...]
@@ -299,12 +290,10 @@ class ScanPlan:
         """The pylance dataset at the pinned version."""
         import lance
 
-        from lancetx.state import pylance_options
-
         return lance.dataset(
             self.data_uri or self.uri,
             version=self.version,
-            storage_options=pylance_options(self.storage_options) or None,
+            storage_options=self.storage_options or None,
         )
 
     @property
@@ -407,24 +396,20 @@ def _called_for_pushdown() -> bool:
     return False
 
 
-def _resolve_version(options: ReadOptions) -> tuple[str, int, pa.Schema]:
-    """The data URI, version and Arrow schema to read, resolved through lancetx: a
-    missing table, version, DynamoDB table or credentials are the same typed errors
-    (naming the table, the version and its nearest ones, the configuration) as on
-    the write side, not pylance's text."""
-    from lancetx.commit.errors import DatasetNotFoundError, VersionNotFoundError
-    from lancetx.state import TableState
+def _resolve_version(options: ReadOptions) -> tuple[str, int, pa.Schema, dict[str, str]]:
+    """The data URI, version, Arrow schema and pylance's storage options to read,
+    resolved through lancetx: a missing table, version, DynamoDB table or credentials
+    are the same typed errors (naming the table, the version and its nearest ones, the
+    configuration) as on the write side, not pylance's text."""
+    import lancetx
+    from lancetx.errors import VersionNotFoundError
 
-    state = TableState.connect(options.uri, options.storage_options)
-    latest = state.refresh()
-    if latest is None:
-        raise DatasetNotFoundError(options.uri)
-    parent = latest
+    table = lancetx.open(options.uri, options.storage_options)
     if options.version is not None:
-        parent = state.parent_at(options.version)
+        table = table.checkout(options.version)
     elif options.timestamp is not None:
         when = _parse_timestamp(options.timestamp)
-        history = state.history()
+        history = table.history()
         before = [v for v in history if v.timestamp is not None and v.timestamp <= when]
         if not before:
             first = history[0] if history else None
@@ -439,8 +424,8 @@ def _resolve_version(options: ReadOptions) -> tuple[str, int, pa.Schema]:
                     else ""
                 ),
             )
-        parent = state.parent_at(before[-1].version)
-    return state.conn.data_uri, parent.version, state.schema_of(parent)
+        table = table.checkout(before[-1].version)
+    return table.data_uri, table.version, table.schema, table.pylance_storage_options
 
 
 def _parse_timestamp(text: str) -> datetime.datetime:
@@ -462,6 +447,8 @@ class _Pinned:
     schema_json: str
     names: tuple[str, ...] = field(default_factory=tuple)
     data_uri: str | None = None
+    #: The storage options pylance reads with. Not in the repr: it holds credentials.
+    pylance_options: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 class LanceTxDataSource(DataSource):  # type: ignore[misc]
@@ -478,7 +465,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         if pinned is not None:
             return pinned
         options = ReadOptions.parse(self.options)
-        data_uri, version, arrow_schema = _resolve_version(options)
+        data_uri, version, arrow_schema, pylance_options = _resolve_version(options)
         spark_schema = read_spark_schema(arrow_schema, options.uri)
         if options.columns is not None:
             by_name = {f.name: f for f in spark_schema.fields}
@@ -488,7 +475,9 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
                         options.uri, name, f"not a column of the table {sorted(by_name)}"
                     )
             spark_schema = StructType([by_name[n] for n in options.columns])
-        pinned = _Pinned(version, spark_schema.json(), tuple(spark_schema.names), data_uri)
+        pinned = _Pinned(
+            version, spark_schema.json(), tuple(spark_schema.names), data_uri, pylance_options
+        )
         self._pinned = pinned
         return pinned
 
@@ -507,7 +496,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
                 )
         plan = ScanPlan(
             uri=options.uri,
-            storage_options=options.storage_options,
+            storage_options=pinned.pylance_options,
             version=pinned.version,
             columns=tuple(schema.names),
             filters=(options.filter,) if options.filter else (),

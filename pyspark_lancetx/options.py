@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lancetx.committing import check_idempotency_key
+from lancetx import check_idempotency_key
 from lancetx.errors import InvalidIdempotencyKeyError
 from pyspark_lancetx.errors import SparkOptionError, UnknownSparkOptionError
 

@@ -36,15 +36,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import lancetx
 from lancetx.commit.errors import SchemaConversionError
-from lancetx.commit.format.schema import arrow_schema_to_fields
 from pyspark_lancetx.errors import SparkSchemaError, UnsupportedSparkTypeError
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import DataType, StructType
 
-    from lancetx.protos import file_pb2
 
 # Spark type names (``DataType.typeName()``) that have no faithful Arrow/Lance form.
 _UNSUPPORTED_SPARK = {
@@ -146,7 +145,7 @@ def write_schema(
         fields.append(pa.field(f.name, arrow_type, nullable))
     schema = pa.schema(fields)
     try:
-        arrow_schema_to_fields(schema)
+        lancetx.check_schema(schema)
     except SchemaConversionError as exc:
         raise UnsupportedSparkTypeError(uri, exc.field, exc.problem) from None
     return schema
@@ -291,11 +290,6 @@ def conform_read_batch(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBat
         for i, f in enumerate(target)
     ]
     return pa.RecordBatch.from_arrays(columns, schema=target)
-
-
-def lance_fields(schema: pa.Schema) -> list[file_pb2.Field]:
-    """Lance fields with fresh ids, as pylance assigns them when it writes ``schema`` anew."""
-    return arrow_schema_to_fields(schema)[0]
 
 
 def null_counts(batch: pa.RecordBatch) -> dict[str, int]:

@@ -14,11 +14,11 @@ task knows what to remove.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lancetx.commit.errors import LancetxError
+import lancetx
 from pyspark_lancetx.schema import conform_write_batch
 
 if TYPE_CHECKING:
@@ -66,28 +66,23 @@ class TaskOutput:
     null_counts: dict[str, int] = field(default_factory=dict)
 
 
-def data_file_keys(plan: WritePlan, paths: list[str]) -> tuple[Any, list[str]]:
-    """The object store and keys of data files named by their fragment paths."""
-    from lancetx.commit.storage.stores import open_object_store
-
-    store, base = open_object_store(plan.data_uri, plan.storage_options, legacy=True)
-    prefix = f"{base}/data/" if base else "data/"
-    return store, [prefix + p for p in paths]
+def written_files(
+    plan: WritePlan, paths: Sequence[str], idempotency_key: str | None = None
+) -> lancetx.WrittenFiles:
+    """Data files of this write (by fragment path), for lancetx's deletion rule."""
+    return lancetx.WrittenFiles(
+        table_uri=plan.uri,
+        data_uri=plan.data_uri,
+        paths=tuple(paths),
+        idempotency_key=idempotency_key,
+        storage_options=plan.storage_options,
+    )
 
 
 def remove_data_files(plan: WritePlan, paths: list[str]) -> list[str]:
-    """Delete data files (by fragment path); returns those that could not be deleted."""
-    if not paths:
-        return []
-    store, keys = data_file_keys(plan, paths)
-    left: list[str] = []
-    for key in keys:
-        try:
-            store.delete(key)
-        except LancetxError as exc:  # an orphan is harmless: nothing references it
-            log.warning("could not delete %s (%s)", store.uri(key), exc)
-            left.append(key)
-    return left
+    """Delete data files no commit was sent for (by fragment path); returns those that
+    could not be deleted."""
+    return written_files(plan, paths).delete()
 
 
 def fragment_file_paths(fragments: list[dict[str, Any]]) -> list[str]:

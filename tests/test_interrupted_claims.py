@@ -39,7 +39,7 @@ from claim_faults import (
 from table_helpers import ddb_uri, ids
 
 import lancetx
-from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.dynamodb.store import create_table
 

@@ -350,3 +350,63 @@ def test_an_import_of_the_dynamodb_room_is_caught() -> None:
     assert found == [
         "lancetx/aio.py:61: lancetx.aio imports lancetx.externalstore.dynamodb.store_async"
     ]
+
+
+# --------------------------------------------------------------- Spark: the front door only
+
+#: What the Spark data source may import from lancetx: the front door (``lancetx`` and the
+#: names it exports) and the two error modules. Everything else it needs is front-door API.
+SPARK_ALLOWED = ("lancetx.errors", "lancetx.commit.errors")
+
+
+def front_door_names() -> set[str]:
+    tree = ast.parse((ROOT / "lancetx" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            assert isinstance(node.value, ast.List)
+            return {ast.literal_eval(e) for e in node.value.elts}
+    raise AssertionError("lancetx/__init__.py has no __all__")
+
+
+def spark_reaches_behind_the_front_door(path: Path, source: str) -> list[str]:
+    module = module_name(path)
+    names = front_door_names()
+    tree = ast.parse(source, filename=str(path))
+    out = []
+    for line, imported in imported_modules(tree, module, path.name == "__init__.py"):
+        if imported != "lancetx" and not imported.startswith("lancetx."):
+            continue
+        if imported == "lancetx" or imported.removeprefix("lancetx.") in names:
+            continue  # ``import lancetx`` / ``from lancetx import Table``
+        if any(imported == m or imported.startswith(m + ".") for m in SPARK_ALLOWED):
+            continue
+        out.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {imported}")
+    return out
+
+
+def test_spark_uses_only_the_front_door_and_the_error_modules() -> None:
+    files = sorted((ROOT / "pyspark_lancetx").rglob("*.py"))
+    assert len(files) > 5
+    found = [v for p in files for v in spark_reaches_behind_the_front_door(p, p.read_text())]
+    assert not found, "pyspark_lancetx reaches behind the front door:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("source", "allowed"),
+    [
+        ("import lancetx", True),
+        ("from lancetx import Table, WrittenFiles", True),
+        ("from lancetx.errors import ColumnMismatchError", True),
+        ("from lancetx.commit.errors import LancetxError", True),
+        ("def f():\n    from lancetx.state import TableState\n", False),
+        ("from lancetx.externalstore.connect import connect", False),
+        ("from lancetx.commit.engine.unreferenced import may_delete", False),
+        ("from lancetx import history", False),
+        ("import lancetx.table", False),
+    ],
+)
+def test_the_spark_check_catches_a_back_door(source: str, allowed: bool) -> None:
+    found = spark_reaches_behind_the_front_door(ROOT / "pyspark_lancetx" / "commit.py", source)
+    assert (not found) == allowed, found

@@ -101,14 +101,17 @@ from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.engine.txn_cache import TRANSACTIONS
 from lancetx.commit.engine.unreferenced import Claim, keep, may_delete, note_claim
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     ExpectedVersionMismatchError,
     IncompatibleConflictError,
     InvalidCommitError,
+    KeyAlreadyCommittedError,
     LancetxError,
     ObjectNotFoundError,
     RetriesExhaustedError,
     RetryableConflictError,
     UnfinishedParentError,
+    VersionAlreadyExistsError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.fragments import unsafe_file_paths
@@ -121,14 +124,7 @@ from lancetx.commit.format.manifest import (
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import decode_transaction, transaction_file_name
 from lancetx.commit.format.versioning import LIBRARY_NAME
-from lancetx.commit.handlers.interface import (
-    AsyncCommitHandler,
-    CommitHandler,
-    CommitStateUnknownError,
-    KeyAlreadyCommittedError,
-    Turns,
-    VersionAlreadyExistsError,
-)
+from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler, Turns
 from lancetx.commit.storage.limits import TRANSACTION
 from lancetx.protos import table_pb2, transaction_pb2
 

@@ -38,8 +38,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
-from lancetx.commit.errors import LancetxError
-from lancetx.commit.handlers.interface import CommitStateUnknownError
+from lancetx.commit.errors import CommitStateUnknownError, LancetxError
 
 log = logging.getLogger(__name__)
 

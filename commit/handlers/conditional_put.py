@@ -15,21 +15,19 @@ commit (:mod:`lancetx.commit.handlers.probe`).
 from __future__ import annotations
 
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     LancetxError,
     ObjectExistsError,
     ObjectNotFoundError,
     TransientObjectStoreError,
     UnsupportedOperationError,
+    VersionAlreadyExistsError,
     VersionNotFoundError,
 )
 from lancetx.commit.format.listing import latest_manifest_location, list_manifest_locations
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
-from lancetx.commit.handlers.interface import (
-    CommitHandler,
-    CommitStateUnknownError,
-    VersionAlreadyExistsError,
-)
+from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.handlers.probe import probe_conditional_put
 from lancetx.commit.storage.objectstore import ObjectStore
 

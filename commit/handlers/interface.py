@@ -13,7 +13,7 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lancetx.commit.errors import CommitError, ObjectNotFoundError
+from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.manifest import (
     ManifestFile,
@@ -28,83 +28,6 @@ from lancetx.commit.storage.objectstore import ObjectStore
 if TYPE_CHECKING:
     # Only for annotations: the sync import graph never imports aioboto3.
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
-
-
-class VersionAlreadyExistsError(CommitError):
-    """Another writer claimed ``version`` first (the commit loop's signal to rebase).
-
-    ``winner`` is the location the winner committed, when the handler learned it
-    without extra requests (for example from a DynamoDB condition failure), so
-    the loser can load the winner's transaction at once.
-    """
-
-    def __init__(self, uri: str, version: int, winner: ManifestLocation | None = None) -> None:
-        self.uri = uri
-        self.version = version
-        self.winner = winner
-        super().__init__(f"version {version} of {uri!r} was committed by another writer")
-
-
-class KeyAlreadyCommittedError(CommitError):
-    """The claim was refused because a commit with the same idempotency ``key``
-    already landed, as ``version`` (by transaction ``transaction_uuid``): nothing of
-    this claim was written, and its staged manifest was deleted.
-
-    The commit loop answers it with that version, ``deduplicated``. It reaches the
-    caller of ``commit_transaction`` only when that version's manifest cannot be read
-    any more (``cleanup`` removed it): the key is committed all the same, as
-    ``version``; whether that version referred to the caller's data files cannot be
-    read, so keep them (an unreferenced file is harmless; ``gc`` removes it).
-    """
-
-    def __init__(
-        self,
-        uri: str,
-        key: str,
-        version: int,
-        transaction_uuid: str | None,
-        detail: str = "",
-    ) -> None:
-        self.uri = uri
-        self.key = key
-        self.version = version
-        self.transaction_uuid = transaction_uuid
-        self.detail = detail
-        by = f" by transaction {transaction_uuid}" if transaction_uuid else ""
-        extra = f" ({detail})" if detail else ""
-        super().__init__(
-            f"idempotency key {key!r} of {uri!r} was already committed as version {version}"
-            f"{by}; nothing new was committed{extra}"
-        )
-
-
-class CommitStateUnknownError(CommitError):
-    """The outcome of a commit request could not be determined (e.g. a timeout
-    after the request may have landed). The version may or may not be ours: do
-    not retry blindly; re-open the table and check whether the transaction with
-    ``transaction_uuid`` is present.
-
-    ``kept_files`` are the files the commit wrote and kept because the version may
-    refer to them (see :mod:`lancetx.commit.engine.unreferenced`); ``kept_message``
-    says which and how to settle the outcome, and is part of the message."""
-
-    #: Files the commit wrote and kept (full URIs), set as the error passes each layer.
-    kept_files: tuple[str, ...] = ()
-    #: Which files were kept and what settles the outcome (None: nothing was kept).
-    kept_message: str | None = None
-
-    def __init__(self, uri: str, version: int, transaction_uuid: str | None, detail: str) -> None:
-        self.uri = uri
-        self.version = version
-        self.transaction_uuid = transaction_uuid
-        super().__init__(
-            f"outcome of committing version {version} of {uri!r} is unknown ({detail}); "
-            f"re-open the table and look for transaction {transaction_uuid} before retrying"
-        )
-
-    def __str__(self) -> str:
-        text = super().__str__()
-        return f"{text}; {self.kept_message}" if self.kept_message else text
 
 
 @dataclass(frozen=True)

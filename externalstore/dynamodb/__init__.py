@@ -64,12 +64,9 @@ from lancetx.externalstore.dynamodb.store import (
     clear_validation_cache,
     create_table,
 )
-from lancetx.externalstore.dynamodb.store_schema import (
-    CURRENT_SCHEMA_VERSION,
-    StoreSchemaTooNewError,
-    migrate,
-)
+from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, migrate
 from lancetx.externalstore.dynamodb.uri import DynamoDBTableUri, parse_ddb_uri
+from lancetx.externalstore.errors import StoreSchemaTooNewError
 
 __all__ = [
     "CURRENT_SCHEMA_VERSION",

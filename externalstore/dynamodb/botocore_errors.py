@@ -27,12 +27,12 @@ from lancetx.externalstore.errors import (
     ACCESS_CODES,
     AccessDeniedError,
     AmbiguousWriteError,
+    DynamoDBTableNotFoundError,
     DynamoDBTarget,
     EndpointUnreachableError,
     ExternalStoreError,
     InvalidRequestError,
     ServiceUnavailableError,
-    TableNotFoundError,
     ThrottledError,
     iam_action_of,
 )
@@ -125,7 +125,7 @@ def translate_error(
         status = http_status(exc) or 0
         detail = exc.response.get("Error", {}).get("Message") or str(exc)
         if code == "ResourceNotFoundException":
-            return TableNotFoundError(action, resource, target)
+            return DynamoDBTableNotFoundError(action, resource, target)
         if code in ACCESS_CODES:
             return AccessDeniedError(
                 iam_action_of(operation), resource, code, detail, operation, target

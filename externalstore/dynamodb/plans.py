@@ -39,16 +39,16 @@ from lancetx.externalstore.dynamodb.retry import (
 )
 from lancetx.externalstore.errors import (
     AmbiguousWriteError,
+    BatchEntryExistsError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
     DynamoDBTarget,
-    EntriesExistError,
     EntryExistsError,
     EntryMismatchError,
     EntryNotFoundError,
     ExternalStoreError,
     KeyExistsError,
     MalformedEntryError,
-    TableNotFoundError,
-    TableSchemaError,
     ThrottledError,
 )
 
@@ -295,7 +295,7 @@ def key_from_item(
 
 
 def check_table_description(description: Mapping[str, Any], target: DynamoDBTarget) -> TableInfo:
-    """Validate a DescribeTable ``Table`` against the Lance layout. Raises TableSchemaError."""
+    """Validate a DescribeTable ``Table`` against the Lance layout. Raises DynamoDBTableSchemaError."""
     keys = {k["KeyType"]: k["AttributeName"] for k in description.get("KeySchema", [])}
     types = {
         a["AttributeName"]: a["AttributeType"] for a in description.get("AttributeDefinitions", [])
@@ -308,9 +308,11 @@ def check_table_description(description: Mapping[str, Any], target: DynamoDBTarg
     resource = arn or target.resource
     action = "dynamodb:DescribeTable"
     if keys.get("HASH") != BASE_URI or keys.get("RANGE") != VERSION or len(keys) != 2:
-        raise TableSchemaError(action, resource, target.table, found, "wrong key schema")
+        raise DynamoDBTableSchemaError(action, resource, target.table, found, "wrong key schema")
     if types.get(BASE_URI) != "S" or types.get(VERSION) != "N":
-        raise TableSchemaError(action, resource, target.table, found, "wrong key attribute types")
+        raise DynamoDBTableSchemaError(
+            action, resource, target.table, found, "wrong key attribute types"
+        )
     return TableInfo(
         name=target.table, arn=arn, status=str(description.get("TableStatus", "UNKNOWN"))
     )
@@ -377,16 +379,16 @@ def call_plan(
 
 
 def describe_plan(ctx: PlanContext) -> Plan[dict[str, Any]]:
-    """DescribeTable → the ``Table`` description. Raises TableNotFoundError."""
+    """DescribeTable → the ``Table`` description. Raises DynamoDBTableNotFoundError."""
     response = yield from call_plan(ctx, ApiCall("DescribeTable", {"TableName": ctx.table}))
     table = response.get("Table")
     if not table:
-        raise TableNotFoundError("dynamodb:DescribeTable", ctx.target.resource, ctx.target)
+        raise DynamoDBTableNotFoundError("dynamodb:DescribeTable", ctx.target.resource, ctx.target)
     return cast("dict[str, Any]", table)
 
 
 def validate_plan(ctx: PlanContext) -> Plan[TableInfo]:
-    """DescribeTable and check the layout. Raises TableNotFoundError / TableSchemaError."""
+    """DescribeTable and check the layout. Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
     description = yield from describe_plan(ctx)
     return check_table_description(description, ctx.target)
 
@@ -619,7 +621,7 @@ def put_all_if_not_exists_plan(
                         for i, r in enumerate(reasons)
                     ]
                     existing += [None] * (len(entries) - len(existing))
-                    raise EntriesExistError(
+                    raise BatchEntryExistsError(
                         action,
                         resource,
                         list(entries),
@@ -886,7 +888,7 @@ def create_table_plan(
     while True:
         try:
             description = yield from describe_plan(ctx)
-        except TableNotFoundError:
+        except DynamoDBTableNotFoundError:
             # DescribeTable right after CreateTable can lag behind it.
             description = {"TableStatus": "CREATING"}
         status = str(description.get("TableStatus", "UNKNOWN"))

@@ -52,10 +52,10 @@ from lancetx.externalstore.dynamodb.store_schema import check_stamp, check_stamp
 from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.errors import (
     AccessDeniedError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
     DynamoDBTarget,
     InvalidRequestError,
-    TableNotFoundError,
-    TableSchemaError,
 )
 from lancetx.externalstore.preflight import Preflight
 
@@ -126,7 +126,7 @@ def create_table(
     """Create a Lance-layout manifest table (PAY_PER_REQUEST) if it does not exist.
 
     Waits for ACTIVE and validates the layout; safe when several processes
-    race (the losers wait for the winner's table). Raises TableSchemaError if
+    race (the losers wait for the winner's table). Raises DynamoDBTableSchemaError if
     a table of that name exists with another layout.
     """
     ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
@@ -145,9 +145,9 @@ class DynamoDBManifestStore(ExternalManifestStore):
     the table's layout is checked now, once per (endpoint, region, table) per
     process (DescribeTable; needs ``dynamodb:DescribeTable``). Without it
     nothing is sent until the first operation: a missing table then raises
-    TableNotFoundError, and a request DynamoDB rejects on a table not yet
+    DynamoDBTableNotFoundError, and a request DynamoDB rejects on a table not yet
     validated in this process is checked against the layout (one DescribeTable,
-    on that error only) and raises TableSchemaError when the layout is why; with
+    on that error only) and raises DynamoDBTableSchemaError when the layout is why; with
     ``validate_on_write`` as well, the layout is checked beside the store's first
     write (DescribeTable once per table per process, see :mod:`.preflight`), so reads
     need no DescribeTable and a writer still learns of another layout from its first
@@ -180,7 +180,8 @@ class DynamoDBManifestStore(ExternalManifestStore):
         #: The layout check beside the first write (None: not asked for).
         self._write_check = (
             Preflight(
-                [self._check_layout_for_writes], verdicts=(TableSchemaError, TableNotFoundError)
+                [self._check_layout_for_writes],
+                verdicts=(DynamoDBTableSchemaError, DynamoDBTableNotFoundError),
             )
             if validate_on_write
             else None
@@ -221,7 +222,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
             # A table of another key layout rejects our keys; say so plainly instead.
             self._explain_rejection(exc)
             raise
-        except TableNotFoundError as exc:
+        except DynamoDBTableNotFoundError as exc:
             # Some DynamoDB implementations (dynalite) answer a BatchGetItem whose keys
             # do not fit the table's layout with "resource not found": ask the table.
             self._explain_rejection(exc)
@@ -251,36 +252,36 @@ class DynamoDBManifestStore(ExternalManifestStore):
                     exc,
                 )
 
-    def _explain_rejection(self, exc: InvalidRequestError | TableNotFoundError) -> None:
-        """Raise TableSchemaError (from ``exc``) when the table's layout is the reason
+    def _explain_rejection(self, exc: InvalidRequestError | DynamoDBTableNotFoundError) -> None:
+        """Raise DynamoDBTableSchemaError (from ``exc``) when the table's layout is the reason
         DynamoDB rejected a request; return when the layout is fine (or the table is
         indeed missing): the caller raises ``exc`` then."""
         if cached_validation(self._ctx.target) is not None:
             return
         try:
             info = run_plan(self.client, validate_plan(self._ctx), self._sleep)
-        except TableSchemaError as schema:
+        except DynamoDBTableSchemaError as schema:
             raise schema from exc
-        except TableNotFoundError:
+        except DynamoDBTableNotFoundError:
             return
         remember_validation(self._ctx.target, info)
 
     def check_stamp(self) -> int | None:
         """Refuse a store stamped by a newer lancetx (one GetItem per table per process).
         Raises StoreSchemaTooNewError, or what reading the table raises (e.g.
-        TableNotFoundError, TableSchemaError)."""
+        DynamoDBTableNotFoundError, DynamoDBTableSchemaError)."""
         return check_stamp_with(self.client, self.table_name, self._run)
 
     def validate(self) -> TableInfo:
         """Check the table's layout and the store's layout stamp (each once per table per
-        process). Raises TableNotFoundError / TableSchemaError / StoreSchemaTooNewError."""
+        process). Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError / StoreSchemaTooNewError."""
         info = self.validate_layout()
         self.check_stamp()  # a newer lancetx's layout: refuse
         return info
 
     def validate_layout(self) -> TableInfo:
         """Check the table's key layout (DescribeTable, cached per process). Raises
-        TableNotFoundError / TableSchemaError."""
+        DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
         info = cached_validation(self._ctx.target)
         if info is None:
             info = self._run(validate_plan(self._ctx))

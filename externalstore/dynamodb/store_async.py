@@ -213,7 +213,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def validate(self) -> TableInfo:
         """Check the table's layout and the store's layout stamp (each cached per
-        process). Raises TableNotFoundError / TableSchemaError / StoreSchemaTooNewError."""
+        process). Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError / StoreSchemaTooNewError."""
         info = await self.validate_layout()
         # Cached per process too; checked even when the layout was (a sync connection's
         # checks cache the layout and the stamp separately).
@@ -222,7 +222,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def validate_layout(self) -> TableInfo:
         """Check the table's key layout (DescribeTable, cached per process). Raises
-        TableNotFoundError / TableSchemaError."""
+        DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
         info = cached_validation(self._ctx.target)
         if info is None:
             info = await run_plan_async(self.client, validate_plan(self._ctx), self._sleep)

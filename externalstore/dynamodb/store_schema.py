@@ -22,12 +22,11 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.commit.errors import LancetxError
 from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
 from lancetx.externalstore.dynamodb.config import target_of
 from lancetx.externalstore.dynamodb.drivers import run_plan, run_plan_async
 from lancetx.externalstore.dynamodb.plans import ApiCall, Plan, PlanContext, call_plan
-from lancetx.externalstore.errors import CONDITION_FAILED_CODE
+from lancetx.externalstore.errors import CONDITION_FAILED_CODE, StoreSchemaTooNewError
 
 #: The reserved item's hash key.
 STAMP_BASE_URI = "__lancetx_schema__"
@@ -40,20 +39,6 @@ CURRENT_SCHEMA_VERSION = 1
 
 _CHECKED: dict[tuple[str | None, str | None, str], int | None] = {}
 _LOCK = threading.Lock()
-
-
-class StoreSchemaTooNewError(LancetxError):
-    """The DynamoDB table was stamped by a newer lancetx than this one."""
-
-    def __init__(self, table: str, found: int, supported: int) -> None:
-        self.table = table
-        self.found = found
-        self.supported = supported
-        super().__init__(
-            f"DynamoDB table {table!r} uses lancetx store layout {found}, but this lancetx "
-            f"understands layouts up to {supported}; upgrade lancetx (pip install -U lancetx) "
-            "on this machine before reading or writing tables in it"
-        )
 
 
 def stamp_key() -> dict[str, Any]:

@@ -10,7 +10,7 @@ stamp is known, the moved record alone is one GetItem.
 Each key is the table's full primary key (``base_uri``, ``version``), so DynamoDB
 itself rejects the read on a table of another key layout (a hash-only table, other
 names or types); the store explains that rejection through DescribeTable as a
-TableSchemaError. Reads therefore need no DescribeTable of their own.
+DynamoDBTableSchemaError. Reads therefore need no DescribeTable of their own.
 
 An asyncio connection makes the same checks (:func:`check_stamp_and_moved_async`),
 when it is opened rather than beside its first request.
@@ -34,13 +34,8 @@ from lancetx.externalstore.dynamodb.store_schema import (
     stamp_key,
     stamp_of,
 )
-from lancetx.externalstore.errors import AccessDeniedError
-from lancetx.externalstore.moved import (
-    TableMovedError,
-    check_not_moved,
-    check_not_moved_async,
-    moved_key,
-)
+from lancetx.externalstore.errors import AccessDeniedError, TableMovedError
+from lancetx.externalstore.moved import check_not_moved, check_not_moved_async, moved_key
 
 if TYPE_CHECKING:
     # For its type only: the asyncio store needs the [async] extra, the sync API never.
@@ -113,7 +108,7 @@ def check_stamp_and_moved(entries: DynamoDBManifestStore, base: str) -> None:
     """Refuse a store stamped by a newer lancetx and a table migrated off DynamoDB.
 
     Raises StoreSchemaTooNewError, TableMovedError, or what reading the table raises
-    (TableNotFoundError, TableSchemaError, AccessDeniedError…).
+    (DynamoDBTableNotFoundError, DynamoDBTableSchemaError, AccessDeniedError…).
     """
     if _one_read(entries):
         try:

@@ -124,8 +124,8 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
         StorageOptionError,
         VersionNotFoundError,
     )
+    from lancetx.errors import NotAnExternalStoreTableError
     from lancetx.externalstore.errors import InvalidConfigError
-    from lancetx.ops.table import NotAnExternalStoreTableError
 
     return (
         DatasetNotFoundError,

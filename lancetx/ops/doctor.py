@@ -47,7 +47,7 @@ from lancetx.externalstore.dynamodb.botocore_errors import error_code
 from lancetx.externalstore.dynamodb.config import target_of
 from lancetx.externalstore.dynamodb.plans import check_table_description, key_of
 from lancetx.externalstore.dynamodb.store_schema import CURRENT_SCHEMA_VERSION, read_stamp
-from lancetx.externalstore.errors import ACCESS_CODES, TableSchemaError
+from lancetx.externalstore.errors import ACCESS_CODES, DynamoDBTableSchemaError
 from lancetx.ops.iam_policy import (
     DOCTOR,
     GRANTS,
@@ -292,7 +292,7 @@ def _dynamodb_checks(table: OpsTable, probe_writes: bool, role: str) -> list[Che
         try:
             check_table_description(described.get("Table", {}), target)
             checks.append(Check("key-schema", OK, "HASH base_uri (S), RANGE version (N)"))
-        except TableSchemaError as exc:
+        except DynamoDBTableSchemaError as exc:
             checks.append(
                 Check(
                     "key-schema", FAILED, str(exc), "use a table made by lancetx-sync create-table"

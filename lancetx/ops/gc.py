@@ -55,6 +55,7 @@ from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.handlers.probe import PROBE_DIR
 from lancetx.commit.storage.limits import TRANSACTION, read_capped
 from lancetx.commit.storage.objectstore import ObjectMeta
+from lancetx.errors import UnsafeThresholdError, UntrustedReferenceError, WedgedTableError
 from lancetx.ops.inventory import (
     PARALLELISM,
     Progress,
@@ -63,13 +64,7 @@ from lancetx.ops.inventory import (
     referenced_keys,
     transaction_keys,
 )
-from lancetx.ops.preflight import (
-    UntrustedReferenceError,
-    WedgedTableError,
-    check_table,
-    readable_manifest_keys,
-    referenced_since,
-)
+from lancetx.ops.preflight import check_table, readable_manifest_keys, referenced_since
 from lancetx.ops.table import OpsTable, s3_client_of
 
 log = logging.getLogger(__name__)
@@ -97,22 +92,20 @@ def format_age(age: timedelta) -> str:
     return f"{age.total_seconds():g}s"
 
 
-class UnsafeThresholdError(LancetxError, ValueError):
-    """gc was asked for a threshold below :data:`MINIMUM_OLDER_THAN` without being forced."""
-
-    def __init__(self, older_than: timedelta) -> None:
-        self.older_than = older_than
-        self.minimum = MINIMUM_OLDER_THAN
-        super().__init__(
-            f"--older-than {format_age(older_than)} is below the minimum of "
-            f"{format_age(MINIMUM_OLDER_THAN)} (the commit budget {format_age(COMMIT_BUDGET)} "
-            f"plus a {format_age(SAFETY_MARGIN)} margin): a writer can stay in its commit loop "
-            "that long, and gc would delete files its commit is about to reference. Use "
-            f"--older-than {format_age(MINIMUM_OLDER_THAN)} or more, or, when no writer can be "
-            "committing, --force-unsafe-threshold (files younger than "
-            f"{format_age(COMMIT_BUDGET)}, and those a transaction file younger than "
-            f"{format_age(MINIMUM_OLDER_THAN)} names, are kept regardless)"
-        )
+def unsafe_threshold_error(older_than: timedelta) -> UnsafeThresholdError:
+    """The error refusing ``older_than`` below :data:`MINIMUM_OLDER_THAN` (says why, and what to pass)."""
+    return UnsafeThresholdError(
+        older_than,
+        MINIMUM_OLDER_THAN,
+        f"--older-than {format_age(older_than)} is below the minimum of "
+        f"{format_age(MINIMUM_OLDER_THAN)} (the commit budget {format_age(COMMIT_BUDGET)} "
+        f"plus a {format_age(SAFETY_MARGIN)} margin): a writer can stay in its commit loop "
+        "that long, and gc would delete files its commit is about to reference. Use "
+        f"--older-than {format_age(MINIMUM_OLDER_THAN)} or more, or, when no writer can be "
+        "committing, --force-unsafe-threshold (files younger than "
+        f"{format_age(COMMIT_BUDGET)}, and those a transaction file younger than "
+        f"{format_age(MINIMUM_OLDER_THAN)} names, are kept regardless)",
+    )
 
 
 @dataclass(frozen=True)
@@ -201,7 +194,7 @@ def collect_garbage(
     ``force_unsafe_threshold``; WedgedTableError / UntrustedReferenceError /
     TagFileError for a table it must not touch (nothing is deleted then)."""
     if older_than < MINIMUM_OLDER_THAN and not force_unsafe_threshold:
-        raise UnsafeThresholdError(older_than)
+        raise unsafe_threshold_error(older_than)
     if now is not None:
         started, clock, skew = now, "given", None
     else:

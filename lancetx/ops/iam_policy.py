@@ -55,8 +55,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from lancetx.commit.errors import LancetxError
 from lancetx.commit.handlers.probe import PROBE_DIR
+from lancetx.errors import IamPolicyError
 from lancetx.externalstore.base import KEYS_SUFFIX
 from lancetx.externalstore.dynamodb.commit_queue import QUEUE_SUFFIX
 from lancetx.externalstore.dynamodb.store_schema import STAMP_BASE_URI
@@ -77,10 +77,6 @@ VERSIONS, QUEUE, KEYS, MOVED, STAMP = "versions", "queue", "keys", "moved", "sta
 S3_READ = ("s3:GetObject",)
 S3_WRITE = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
 DDB_READ = ("dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query")
-
-
-class IamPolicyError(LancetxError, ValueError):
-    """The policy cannot be written as asked (an unsafe path, a missing account or key)."""
 
 
 def partition_keys(base: str) -> dict[str, str]:

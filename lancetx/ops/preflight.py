@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.retention import cleanup_horizon, read_tags
+from lancetx.errors import UntrustedReferenceError, WedgedTableError
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
     LoadedVersion,
@@ -51,31 +51,6 @@ __all__ = [
     "readable_manifest_keys",
     "referenced_since",
 ]
-
-
-class WedgedTableError(LancetxError):
-    """gc/cleanup refuse to run on a table with versions that need repair first."""
-
-    def __init__(self, uri: str, versions: list[int], command: str) -> None:
-        self.versions = versions
-        super().__init__(
-            f"{uri!r} has version(s) {versions} that cannot be read (wedged or missing "
-            f"manifest); their repair may need files this would delete. Run {command} first"
-        )
-
-
-class UntrustedReferenceError(LancetxError):
-    """An item or a manifest points outside the table: gc/cleanup delete nothing."""
-
-    def __init__(self, uri: str, refused: list[str], command: str) -> None:
-        self.refused = refused
-        shown = "; ".join(refused[:3]) + (
-            f"; … ({len(refused) - 3} more)" if len(refused) > 3 else ""
-        )
-        super().__init__(
-            f"{uri!r}: refusing to follow {len(refused)} reference(s) that point outside the "
-            f"table ({shown}); nothing was deleted. {command} reports each with its fix"
-        )
 
 
 @dataclass

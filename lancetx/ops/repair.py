@@ -24,6 +24,7 @@ from lancetx.commit.errors import LancetxError, ObjectNotFoundError, VersionNotF
 from lancetx.commit.format.manifest import ManifestFile, encode_manifest, read_manifest
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.storage.limits import TRANSACTION, read_capped
+from lancetx.errors import NoParentError, RepairVerificationError
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.protocol import final_key_of, finalize_steps
 from lancetx.ops.findings import ERROR, Finding
@@ -170,21 +171,6 @@ def _restore_final(
         )
     log.info("restored the final manifest of version %d of %s", entry.version, table.uri)
     return RepairAction("restore_final", entry.version, f"copied {source} → {final}", True)
-
-
-class RepairVerificationError(LancetxError):
-    """A manifest repair wrote did not read back as expected; the item was not changed."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        self.path = path
-        super().__init__(
-            f"the manifest written to {path!r} does not read back as expected ({problem}); "
-            "the DynamoDB item was not changed. Delete that object and run repair again"
-        )
-
-
-class NoParentError(LancetxError):
-    """A wedged version's parent cannot be read, so it cannot be rebuilt."""
 
 
 def _parent(table: OpsTable, scan: TableScan, version: int) -> ManifestFile:

@@ -9,26 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from lancetx.commit.errors import InvalidUriError, LancetxError, ObjectNotFoundError
+from lancetx.commit.errors import InvalidUriError, ObjectNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, read_manifest
 from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.errors import NotAnExternalStoreTableError
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.connect import open_stores, scheme_of
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.protocol import Steps, Table, run
 
 T = TypeVar("T")
-
-
-class NotAnExternalStoreTableError(LancetxError, ValueError):
-    """A command that works on the DynamoDB side was given a URI without one."""
-
-    def __init__(self, uri: str, command: str) -> None:
-        self.uri = uri
-        super().__init__(
-            f"`lancetx-sync {command}` needs an s3+ddb:// table URI "
-            f"(s3+ddb://bucket/path?ddbTableName=T), got {uri!r}"
-        )
 
 
 @dataclass

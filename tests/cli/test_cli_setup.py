@@ -19,14 +19,13 @@ from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStor
 from lancetx.externalstore.dynamodb.store_schema import (
     CURRENT_SCHEMA_VERSION,
     MigrationStep,
-    StoreSchemaTooNewError,
     _step,
     clear_stamp_cache,
     migrate,
     read_stamp,
     write_stamp,
 )
-from lancetx.externalstore.moved import TableMovedError
+from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table

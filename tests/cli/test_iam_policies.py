@@ -30,6 +30,7 @@ import lancetx
 from lancetx.commit.engine.operations import Append, Transaction
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.demo.embedded import EmbeddedAws
+from lancetx.errors import IamPolicyError
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
 from lancetx.externalstore.dynamodb.store import clear_validation_cache
@@ -42,7 +43,7 @@ from lancetx.externalstore.dynamodb.store_schema import (
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.doctor import run_doctor
 from lancetx.ops.gc import collect_garbage
-from lancetx.ops.iam_policy import IamPolicyError, iam_literal, iam_policies
+from lancetx.ops.iam_policy import iam_literal, iam_policies
 from lancetx.ops.migrate import migrate_to_conditional_put
 from lancetx.ops.repair import repair_table
 from lancetx.ops.status import table_status

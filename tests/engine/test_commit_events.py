@@ -26,9 +26,9 @@ from engine_helpers import (
 
 from lancetx.commit.engine.committer import CommitOptions, commit_transaction
 from lancetx.commit.engine.events import CommitEvent
+from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
-from lancetx.commit.handlers.interface import CommitStateUnknownError
 
 LOGGER = "lancetx.commit.engine.committer"
 SHOWN = "s3+ddb://bucket/events.lance?ddbTableName=manifests"

@@ -34,9 +34,8 @@ from protocol_helpers import (
 )
 from test_async_protocol import BASE, KINDS, ROWS, V2, Env, Side, real_manifest, s3_config
 
-from lancetx.commit.errors import VersionNotFoundError
+from lancetx.commit.errors import VersionAlreadyExistsError, VersionNotFoundError
 from lancetx.commit.format.naming import manifest_key
-from lancetx.commit.handlers.interface import VersionAlreadyExistsError
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore

@@ -30,9 +30,9 @@ from protocol_helpers import (
     pylance_create,
 )
 
+from lancetx.commit.errors import VersionAlreadyExistsError
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key
-from lancetx.commit.handlers.interface import VersionAlreadyExistsError
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.demo.embedded import (

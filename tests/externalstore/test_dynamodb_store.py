@@ -44,14 +44,14 @@ from lancetx.externalstore.dynamodb.uri import canonical_base_uri
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
+    DynamoDBTableNotFoundError,
+    DynamoDBTableSchemaError,
     EndpointUnreachableError,
     EntryExistsError,
     EntryMismatchError,
     ExternalStoreError,
     InvalidConfigError,
     ServiceUnavailableError,
-    TableNotFoundError,
-    TableSchemaError,
     ThrottledError,
 )
 
@@ -166,7 +166,7 @@ def make_table(client: Any, name: str, keys: list[tuple[str, str, str]]) -> None
 def test_missing_table_is_named_with_region_endpoint_and_remedy(
     aws: EmbeddedAws, config: DynamoDBConfig, ddb_table_name: str
 ) -> None:
-    with pytest.raises(TableNotFoundError) as info:
+    with pytest.raises(DynamoDBTableNotFoundError) as info:
         DynamoDBManifestStore.from_config(ddb_table_name, config)
     message = str(info.value)
     for needle in (
@@ -184,7 +184,7 @@ def test_missing_table_is_named_with_region_endpoint_and_remedy(
         async with AsyncDynamoDBManifestStore.open(ddb_table_name, config):
             pass
 
-    with pytest.raises(TableNotFoundError):
+    with pytest.raises(DynamoDBTableNotFoundError):
         asyncio.run(main())
 
 
@@ -215,14 +215,14 @@ def test_wrong_table_layout_is_refused(
 ) -> None:
     client = make_client(config)
     make_table(client, ddb_table_name, keys)
-    with pytest.raises(TableSchemaError) as info:
+    with pytest.raises(DynamoDBTableSchemaError) as info:
         DynamoDBManifestStore(client, ddb_table_name)
     message = str(info.value)
     assert found in message and problem in message
     assert "HASH key base_uri (type S) and RANGE key version (type N)" in message
     assert "dynamodb:DescribeTable" in message and f"table/{ddb_table_name}" in message
     # create_table on an existing, wrongly shaped table refuses it too.
-    with pytest.raises(TableSchemaError):
+    with pytest.raises(DynamoDBTableSchemaError):
         create_table(client, ddb_table_name)
 
 
@@ -236,7 +236,7 @@ def test_a_connection_to_a_missing_table_fails_at_its_first_read(
         f"s3+ddb://some-bucket/t.lance?ddbTableName={ddb_table_name}",
         aws.pylance_storage_options(),
     )
-    with pytest.raises(TableNotFoundError) as info:
+    with pytest.raises(DynamoDBTableNotFoundError) as info:
         load_parent(conn.handler, conn.base)
     message = str(info.value)
     for needle in (
@@ -271,12 +271,12 @@ def test_a_connection_to_a_table_of_another_layout_fails_at_its_first_use(
     clear_stamp_cache()
     uri = f"s3+ddb://some-bucket/t.lance?ddbTableName={ddb_table_name}"
     conn = connect(uri, aws.pylance_storage_options())
-    with pytest.raises(TableSchemaError) as info:
+    with pytest.raises(DynamoDBTableSchemaError) as info:
         load_parent(conn.handler, conn.base)
     message = str(info.value)
     assert found in message and f"table/{ddb_table_name}" in message
     assert "HASH key base_uri (type S) and RANGE key version (type N)" in message
-    with pytest.raises(TableSchemaError):  # and again: a failed check is not forgotten
+    with pytest.raises(DynamoDBTableSchemaError):  # and again: a failed check is not forgotten
         load_parent(conn.handler, conn.base)
 
 
@@ -307,7 +307,7 @@ def test_a_batch_read_answered_resource_not_found_on_a_table_of_another_layout_i
             f"s3+ddb://some-bucket/t.lance?ddbTableName={ddb_table_name}",
             aws.pylance_storage_options(),
         )
-        with pytest.raises(TableSchemaError, match="HASH id"):
+        with pytest.raises(DynamoDBTableSchemaError, match="HASH id"):
             load_parent(conn.handler, conn.base)
     finally:
         aws.set_interceptor(None)

@@ -42,6 +42,7 @@ from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStor
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
+    DynamoDBTableNotFoundError,
     DynamoDBTarget,
     EndpointUnreachableError,
     EntryExistsError,
@@ -50,7 +51,6 @@ from lancetx.externalstore.errors import (
     ExternalStoreError,
     InvalidRequestError,
     ServiceUnavailableError,
-    TableNotFoundError,
     ThrottledError,
 )
 from lancetx.externalstore.memory import MemoryManifestStore
@@ -389,7 +389,10 @@ def test_translate_error_names_action_resource_and_remedy() -> None:
     check(NoCredentialsError(), AccessDeniedError, "credentials")
     check(client_error("ThrottlingException"), ThrottledError, "3 attempts", "PAY_PER_REQUEST")
     check(
-        client_error("ResourceNotFoundException"), TableNotFoundError, "create_table", "eu-west-1"
+        client_error("ResourceNotFoundException"),
+        DynamoDBTableNotFoundError,
+        "create_table",
+        "eu-west-1",
     )
     check(EndpointConnectionError(endpoint_url="http://ddb.local:8000"), EndpointUnreachableError,
           "http://ddb.local:8000", "dynamodb_endpoint")  # fmt: skip

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.commit.format.naming import NamingScheme
-from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
@@ -32,8 +32,8 @@ from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStor
 from lancetx.externalstore.errors import (
     AccessDeniedError,
     AmbiguousWriteError,
-    EntriesExistError,
-    VersionsAlreadyExistError,
+    BatchEntryExistsError,
+    MultiTableClaimLostError,
 )
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import Staged, Table, claim_all_steps, run, stage_steps
@@ -96,7 +96,7 @@ def test_an_ambiguous_attempt_then_another_writer_is_a_clean_loss(store: LocalOb
 
     entries.on_call("put_all_if_not_exists", second_call_loses)
 
-    with pytest.raises(VersionsAlreadyExistError) as info:
+    with pytest.raises(MultiTableClaimLostError) as info:
         run(claim_all_steps(claims), store, entries)
 
     assert info.value.taken == {TABLES[1].base_uri: (2, other.path)}
@@ -147,7 +147,7 @@ def test_dynamodb_stores_claim_all_or_nothing(aws: Any, ddb_table_name: str) -> 
 
     held = entry("b.lance", "theirs")
     sync.put_if_not_exists(held)
-    with pytest.raises(EntriesExistError) as info:
+    with pytest.raises(BatchEntryExistsError) as info:
         sync.put_all_if_not_exists(
             [entry("a.lance", "t1"), entry("b.lance", "t1")], request_token="r1"
         )

@@ -29,8 +29,8 @@ from protocol_helpers import ddb_uri, ensure_ddb_table
 import lancetx
 from lancetx.commit.engine.committer import CommitOptions, commit_transaction, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
+from lancetx.commit.errors import CommitStateUnknownError
 from lancetx.commit.format.fragments import fragment_from_pylance
-from lancetx.commit.handlers.interface import CommitStateUnknownError
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import connect
 from lancetx.externalstore.multi_table import TableCommit

@@ -54,10 +54,14 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import Committed
-from lancetx.commit.errors import LancetxError, TransientObjectStoreError
+from lancetx.commit.errors import (
+    CommitStateUnknownError,
+    LancetxError,
+    TransientObjectStoreError,
+    VersionAlreadyExistsError,
+)
 from lancetx.commit.format.listing import list_manifest_locations
 from lancetx.commit.format.naming import NamingScheme, manifest_key
-from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.base import ManifestEntry

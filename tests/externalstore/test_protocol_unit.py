@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     LancetxError,
     ObjectNotFoundError,
     TransientObjectStoreError,
+    VersionAlreadyExistsError,
 )
 from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
-from lancetx.commit.handlers.interface import CommitStateUnknownError, VersionAlreadyExistsError
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.errors import (

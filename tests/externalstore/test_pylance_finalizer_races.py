@@ -18,12 +18,10 @@ import boto3
 import pytest
 from interleavings import DictWorld, Stepper, explore, pylance_finalizer
 
+from lancetx.commit.errors import VersionAlreadyExistsError
 from lancetx.commit.format.listing import list_manifest_locations
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
-from lancetx.commit.handlers.interface import (
-    VersionAlreadyExistsError,
-)
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.base import ManifestEntry

@@ -27,13 +27,10 @@ from lancetx.demo import race as demo
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb.store import clear_validation_cache
-from lancetx.externalstore.dynamodb.store_schema import (
-    StoreSchemaTooNewError,
-    clear_stamp_cache,
-    write_stamp,
-)
+from lancetx.externalstore.dynamodb.store_schema import clear_stamp_cache, write_stamp
 from lancetx.externalstore.dynamodb.table_checks import forget_denials
-from lancetx.externalstore.moved import TableMovedError, record_moved
+from lancetx.externalstore.errors import StoreSchemaTooNewError, TableMovedError
+from lancetx.externalstore.moved import record_moved
 
 pytestmark = pytest.mark.integration
 

@@ -21,14 +21,15 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.engine.committer import load_parent
-from lancetx.commit.errors import TransientObjectStoreError, UnfinishedParentError
-from lancetx.commit.format.location import ManifestLocation, TransactionSummary
-from lancetx.commit.format.naming import NamingScheme, manifest_key
-from lancetx.commit.handlers.interface import (
-    CommitHandler,
+from lancetx.commit.errors import (
     CommitStateUnknownError,
+    TransientObjectStoreError,
+    UnfinishedParentError,
     VersionAlreadyExistsError,
 )
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary
+from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler

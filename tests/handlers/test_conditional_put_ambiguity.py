@@ -16,13 +16,11 @@ from protocol_helpers import (
 )
 
 from lancetx.commit.errors import (
+    CommitStateUnknownError,
     TransientObjectStoreError,
 )
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
-from lancetx.commit.handlers.interface import (
-    CommitStateUnknownError,
-)
 from lancetx.commit.storage.localstore import LocalObjectStore
 
 ROWS = 10

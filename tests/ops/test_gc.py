@@ -14,11 +14,11 @@ from protocol_helpers import batch, lancetx_append
 
 from lancetx.commit.engine.committer import Committed
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.errors import UnsafeThresholdError
 from lancetx.externalstore.connect import connect
 from lancetx.ops.gc import (
     COMMIT_BUDGET,
     MINIMUM_OLDER_THAN,
-    UnsafeThresholdError,
     collect_garbage,
     format_age,
     store_clock,

@@ -24,10 +24,10 @@ from lancetx.commit.format.naming import parse_manifest_name
 from lancetx.commit.format.transaction_file import read_transaction_file, write_transaction_file
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.errors import UntrustedReferenceError
 from lancetx.externalstore.connect import connect
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
-from lancetx.ops.preflight import UntrustedReferenceError
 from lancetx.ops.repair import repair_table
 from lancetx.ops.status import table_status
 from lancetx.ops.table import open_table

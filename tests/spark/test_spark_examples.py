@@ -19,6 +19,6 @@ def test_the_batch_and_time_travel_examples(spark: Any, tmp_path: Path) -> None:
 
 
 def test_the_demo_checks_pass(spark: Any) -> None:
-    from pyspark_lancetx import demo
+    from lancetx.demo import spark as demo
 
     assert demo.run(spark, append_jobs=2, rows=50, pylance_appends=1)

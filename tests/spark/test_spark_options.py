@@ -139,7 +139,7 @@ def test_read_errors_are_typed_and_name_what_to_do(
     with pytest.raises(Exception) as missing_table:
         reader.load(no_table).count()
     text = str(missing_table.value)
-    assert "TableNotFoundError" in text and "does not exist" in text
+    assert "DynamoDBTableNotFoundError" in text and "does not exist" in text
     assert "lancetx-sync create-table" in text and "LanceError" not in text
 
     with pytest.raises(Exception, match=r"DatasetNotFoundError.*no Lance table"):

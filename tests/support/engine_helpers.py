@@ -37,14 +37,14 @@ from lancetx.commit.engine.committer import (
     load_parent,
 )
 from lancetx.commit.engine.operations import Append, Delete, Transaction
-from lancetx.commit.errors import RetriesExhaustedError
+from lancetx.commit.errors import RetriesExhaustedError, VersionAlreadyExistsError
 from lancetx.commit.format import naming
 from lancetx.commit.format.deletion import write_deletion_vector
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.format.snapshot import Snapshot
-from lancetx.commit.handlers.interface import CommitHandler, VersionAlreadyExistsError
+from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.protos import table_pb2
 

@@ -41,12 +41,11 @@ import lancetx.aio
 from lancetx.commit.engine.builder import build_manifest
 from lancetx.commit.engine.committer import Committed, load_parent
 from lancetx.commit.engine.operations import Append, Transaction
-from lancetx.commit.errors import ObjectNotFoundError
+from lancetx.commit.errors import ObjectNotFoundError, VersionAlreadyExistsError
 from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.manifest import decode_manifest, encode_manifest
 from lancetx.commit.format.naming import transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
-from lancetx.commit.handlers.interface import VersionAlreadyExistsError
 from lancetx.commit.storage.s3store import S3Config
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler

@@ -253,7 +253,7 @@ def test_a_key_whose_version_cleanup_removed_is_refused_with_its_version(
 
     # The engine, holding the latest version: the key item refuses the claim, and the
     # version it names cannot be read any more.
-    from lancetx.commit.handlers.interface import KeyAlreadyCommittedError
+    from lancetx.commit.errors import KeyAlreadyCommittedError
 
     conn = connect(uri, options)
     parent = load_parent(conn.handler, conn.base)

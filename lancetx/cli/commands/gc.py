@@ -63,10 +63,10 @@ def register(app: typer.Typer) -> None:
         from lancetx.ops.gc import (
             COMMIT_BUDGET,
             MINIMUM_OLDER_THAN,
-            UnsafeThresholdError,
             collect_garbage,
             format_age,
             parse_age,
+            unsafe_threshold_error,
         )
         from lancetx.ops.table import open_table
 
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         try:
             age = parse_age(older_than)
             if age < MINIMUM_OLDER_THAN and not force_unsafe_threshold:
-                raise UnsafeThresholdError(age)
+                raise unsafe_threshold_error(age)
         except ValueError as exc:  # UnsafeThresholdError too: a usage error, exit 2
             raise typer.BadParameter(str(exc), param_hint="--older-than") from None
         if delete and dry_run:
