@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,48 @@ def test_the_async_table_has_the_same_tags(tmp_path: Path) -> None:
             assert await table.tags.list() == {}
 
     asyncio.run(scenario())
+
+
+def test_of_many_creators_of_one_tag_exactly_one_wins(tmp_path: Path) -> None:
+    """On a store with conditional PUT (local, S3 with If-None-Match) creating a tag is
+    atomic: eight threads, each from its own Table, each naming another version."""
+    table = _local_table(tmp_path, versions=8)
+    barrier = threading.Barrier(8)
+    outcomes: dict[int, str] = {}
+
+    def create(version: int) -> None:
+        mine = lancetx.open(table.uri)
+        barrier.wait()
+        try:
+            mine.tags.create("race", version)
+            outcomes[version] = "won"
+        except lancetx.TagExistsError:
+            outcomes[version] = "exists"
+
+    threads = [threading.Thread(target=create, args=(v,)) for v in range(1, 9)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [v for v, outcome in outcomes.items() if outcome == "won"]
+    assert len(outcomes) == 8 and len(winners) == 1
+    assert table.tags.get_version("race") == winners[0]
+    assert lance.dataset(table.uri).tags.get_version("race") == winners[0]
+
+
+def test_a_tag_on_another_branch_is_listed_but_not_read_as_a_main_version(
+    tmp_path: Path,
+) -> None:
+    """pylance can tag a version of a branch; lancetx commits one linear history, so
+    reading version N of the main branch for it would read the wrong data."""
+    table = _local_table(tmp_path)
+    lance.dataset(table.uri).tags.create("main-tag", 2)
+    document = _tag_document(tmp_path / "t.lance" / "_refs" / "tags" / "main-tag.json")
+    document["branch"] = "dev"
+    (tmp_path / "t.lance" / "_refs" / "tags" / "dev-tag.json").write_text(json.dumps(document))
+    assert table.tags.get("dev-tag").branch == "dev"
+    with pytest.raises(lancetx.TagOnBranchError, match="branch 'dev'"):
+        table.checkout("dev-tag")
+    with pytest.raises(lancetx.TagOnBranchError):
+        table.tags.create("copy", "dev-tag")
+    assert table.checkout("main-tag").version == 2
