@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from lancetx.commit.errors import UnsupportedOperationError
 from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.format.naming import MANIFEST_SUFFIX
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 
 __all__ = [
     "KEYS_SUFFIX",

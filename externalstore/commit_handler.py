@@ -40,7 +40,8 @@ from lancetx.commit.format.manifest import (
     read_manifest_at,
 )
 from lancetx.commit.format.naming import NamingScheme
-from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler, Turns
+from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
+from lancetx.commit.handlers.queue import AsyncCommitQueue, CommitQueue, Turns
 from lancetx.commit.storage.limits import MANIFEST, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManifestStore
@@ -77,7 +78,9 @@ if TYPE_CHECKING:  # aioboto3 costs ~0.6 s to import; sync callers never need it
 __all__ = [
     "ONBOARD_PROBE_LIMIT",
     "AsyncExternalStoreCommitHandler",
+    "AsyncStoreCommitQueue",
     "ExternalStoreCommitHandler",
+    "StoreCommitQueue",
 ]
 
 T = TypeVar("T")
@@ -85,36 +88,17 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class _QueueAccess:
+class _QueueFailures:
     """Whether a handler still uses its store's commit queue. The queue only
     orders writers; when it fails, writers fall back to random backoff, so its
     errors are logged (once per kind), never raised into a commit."""
 
-    def __init__(self) -> None:
+    def __init__(self, entries: object) -> None:
+        self.entries = entries
         self.enabled = True
         self.warned = False
 
-    def call(self, fn: Callable[[], T], base: str, entries: object) -> T | None:
-        if not self.enabled:
-            return None
-        try:
-            return fn()
-        except LancetxError as exc:
-            self.failed(exc, base, entries)
-            return None
-
-    async def call_async(
-        self, fn: Callable[[], Awaitable[T]], base: str, entries: object
-    ) -> T | None:
-        if not self.enabled:
-            return None
-        try:
-            return await fn()
-        except LancetxError as exc:
-            self.failed(exc, base, entries)
-            return None
-
-    def failed(self, exc: Exception, base: str, entries: object) -> None:
+    def failed(self, exc: Exception, base: str) -> None:
         if isinstance(exc, UnsupportedOperationError):
             self.enabled = False
         elif isinstance(exc, AccessDeniedError):
@@ -125,11 +109,67 @@ class _QueueAccess:
                 "(lancetx-sync iam-policy prints the policy) to let them take turns",
                 base,
                 exc,
-                _dynamodb_table(entries) or "the DynamoDB table",
+                _dynamodb_table(self.entries) or "the DynamoDB table",
             )
         elif not self.warned:
             self.warned = True
             log.warning("commit queue of %s: %s; backing off at random this time", base, exc)
+
+
+class StoreCommitQueue(_QueueFailures, CommitQueue):
+    """The commit queue an external store keeps (DynamoDB: one item per table), as
+    the :attr:`~ExternalStoreCommitHandler.queue` of its handler. Answers None
+    (and stops asking) when the store keeps no queue or may not be asked."""
+
+    def __init__(self, entries: ExternalManifestStore) -> None:
+        super().__init__(entries)
+        self.store = entries
+
+    def _call(self, fn: Callable[[], T], base: str) -> T | None:
+        if not self.enabled:
+            return None
+        try:
+            return fn()
+        except LancetxError as exc:
+            self.failed(exc, base)
+            return None
+
+    def take_ticket(self, base: str) -> Turns | None:
+        """Join the table's commit queue in the external store (None if it keeps none)."""
+        return self._call(lambda: self.store.take_ticket(base), base)
+
+    def read_turns(self, base: str) -> Turns | None:
+        return self._call(lambda: self.store.read_turns(base), base)
+
+    def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
+        self._call(lambda: self.store.end_turn(base, ticket, version), base)
+
+
+class AsyncStoreCommitQueue(_QueueFailures, AsyncCommitQueue):
+    """The asyncio twin of :class:`StoreCommitQueue`."""
+
+    def __init__(self, entries: AsyncExternalManifestStore) -> None:
+        super().__init__(entries)
+        self.store = entries
+
+    async def _call(self, fn: Callable[[], Awaitable[T]], base: str) -> T | None:
+        if not self.enabled:
+            return None
+        try:
+            return await fn()
+        except LancetxError as exc:
+            self.failed(exc, base)
+            return None
+
+    async def take_ticket(self, base: str) -> Turns | None:
+        """See :meth:`StoreCommitQueue.take_ticket`."""
+        return await self._call(lambda: self.store.take_ticket(base), base)
+
+    async def read_turns(self, base: str) -> Turns | None:
+        return await self._call(lambda: self.store.read_turns(base), base)
+
+    async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
+        await self._call(lambda: self.store.end_turn(base, ticket, version), base)
 
 
 def _table(base: str) -> Table:
@@ -171,16 +211,13 @@ def _naming_table(steps: Steps[T], ddb_table: str | None) -> Steps[T]:
         ) from refused
 
 
-def _with_ticket(
-    summary: TransactionSummary | None, ticket: int | None
-) -> tuple[TransactionSummary | None, int | None]:
-    """``summary`` carrying ``ticket`` (if any) and the time of the claim, and the
-    ticket still to serve in the queue item afterwards (None: the claim serves it).
-    The time also tells a writer that lost this version whether we claimed while
-    it tried (contention) or before it began (its parent was stale)."""
+def _stamped(summary: TransactionSummary | None) -> TransactionSummary | None:
+    """``summary`` carrying the time of the claim. It tells a writer that lost this
+    version whether we claimed while it tried (contention) or before it began (its
+    parent was stale), and the writers waiting in the queue how long a turn takes."""
     if summary is None:
-        return None, ticket
-    return dataclasses.replace(summary, ticket=ticket, claimed_at=time.time()), None
+        return None
+    return dataclasses.replace(summary, claimed_at=time.time())
 
 
 class ExternalStoreCommitHandler(CommitHandler):
@@ -190,8 +227,6 @@ class ExternalStoreCommitHandler(CommitHandler):
     ``base_uri`` for a table is the same string (Lance's convention: the path
     inside the bucket, see :mod:`lancetx.externalstore.dynamodb.uri`).
     """
-
-    serves_ticket_on_claim = True
 
     def __init__(
         self,
@@ -210,17 +245,8 @@ class ExternalStoreCommitHandler(CommitHandler):
         self.preflight = preflight
         #: Outcome of the last commit (for callers that want to know about finalization).
         self.last_outcome: CommitOutcome | None = None
-        self._queue = _QueueAccess()
-
-    def take_ticket(self, base: str) -> Turns | None:
-        """Join the table's commit queue in the external store (None if it keeps none)."""
-        return self._queue.call(lambda: self.entries.take_ticket(base), base, self.entries)
-
-    def read_turns(self, base: str) -> Turns | None:
-        return self._queue.call(lambda: self.entries.read_turns(base), base, self.entries)
-
-    def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
-        self._queue.call(lambda: self.entries.end_turn(base, ticket, version), base, self.entries)
+        #: The table's commit queue in the external store.
+        self.queue: StoreCommitQueue = StoreCommitQueue(entries)
 
     def _run(self, steps: Steps[T], base: str, *, write: bool = False, checked: bool = True) -> T:
         def action() -> T:
@@ -264,7 +290,6 @@ class ExternalStoreCommitHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         """The four-step commit of ``version``; see :func:`protocol.commit_steps`.
 
@@ -272,14 +297,14 @@ class ExternalStoreCommitHandler(CommitHandler):
         (one TransactWriteItems): a key committed before, however long ago, refuses
         the claim with KeyAlreadyCommittedError naming its version.
 
-        ``ticket`` (our place in the table's commit queue) is served by the claim
-        itself: it is recorded in the claimed entry with the claim's time, where
-        the writers waiting behind see it (they watch the table's entries). So the
-        next writer starts while this one copies and flips, and serving costs no
-        request. Without a summary to carry it, it is served in the queue item.
+        The summary's ``ticket`` (our place in the table's commit queue) is served
+        by the claim itself: it is recorded in the claimed entry with the claim's
+        time, where the writers waiting behind see it (they watch the table's
+        entries). So the next writer starts while this one copies and flips, and
+        serving costs no request.
         """
         table = _table(base)
-        summary, serve_after = _with_ticket(summary, ticket)
+        summary = _stamped(summary)
         # The claim waits for the table's checks (see Preflight.beside); finishing a
         # claim that landed is never refused, or its outcome replaced, by a check.
         staged = self._run(
@@ -289,11 +314,6 @@ class ExternalStoreCommitHandler(CommitHandler):
             base,
             write=True,
         )
-        if serve_after is not None:
-            try:
-                self.end_turn(base, serve_after, version)
-            except Exception as exc:  # the claim is won: finishing it comes first
-                self._queue.failed(exc, base, self.entries)
         outcome = self._run(finish_steps(staged, scheme), base, checked=False)
         self.last_outcome = outcome
         return outcome.location
@@ -351,8 +371,6 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
     """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3): the same
     steps, driven by :func:`~lancetx.externalstore.protocol.run_async`."""
 
-    serves_ticket_on_claim = True
-
     def __init__(
         self,
         store: AsyncObjectStore,
@@ -365,23 +383,8 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         self.committer = committer
         self.claims_keys = entries.keeps_keys
         self.last_outcome: CommitOutcome | None = None
-        self._queue = _QueueAccess()
-
-    async def take_ticket(self, base: str) -> Turns | None:
-        """See :meth:`ExternalStoreCommitHandler.take_ticket`."""
-        return await self._queue.call_async(
-            lambda: self.entries.take_ticket(base), base, self.entries
-        )
-
-    async def read_turns(self, base: str) -> Turns | None:
-        return await self._queue.call_async(
-            lambda: self.entries.read_turns(base), base, self.entries
-        )
-
-    async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
-        await self._queue.call_async(
-            lambda: self.entries.end_turn(base, ticket, version), base, self.entries
-        )
+        #: See :attr:`ExternalStoreCommitHandler.queue`.
+        self.queue: AsyncStoreCommitQueue = AsyncStoreCommitQueue(entries)
 
     async def _run(self, steps: Steps[T], base: str) -> T:
         return await run_async(
@@ -411,22 +414,16 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
         table = _table(base)
-        summary, serve_after = _with_ticket(summary, ticket)
+        summary = _stamped(summary)
         staged = await self._run(
             claim_steps(
                 table, version, scheme, manifest, committer=self.committer, summary=summary
             ),
             base,
         )
-        if serve_after is not None:
-            try:
-                await self.end_turn(base, serve_after, version)
-            except Exception as exc:  # the claim is won: finishing it comes first
-                self._queue.failed(exc, base, self.entries)
         outcome = await self._run(finish_steps(staged, scheme), base)
         self.last_outcome = outcome
         return outcome.location

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lancetx.commit.errors import IdempotencyKeyCollisionError
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.externalstore import base as _base
 from lancetx.externalstore.base import (
     AsyncExternalManifestStore,

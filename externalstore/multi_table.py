@@ -55,20 +55,18 @@ import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lancetx.commit.engine.committer import (
-    CommitOptions,
-    Committed,
+from lancetx.commit.engine.committer import CommitOptions, Committed, commit_transaction
+from lancetx.commit.engine.contention import TableContention, table_contention
+from lancetx.commit.engine.effects import run as run_engine
+from lancetx.commit.engine.operations import Transaction
+from lancetx.commit.engine.retry import RetryPolicy
+from lancetx.commit.engine.turns import (
     QueueTurn,
-    commit_transaction,
     end_turn_steps,
     join_queue_steps,
     turn_served,
     wait_turn_steps,
 )
-from lancetx.commit.engine.contention import TableContention, table_contention
-from lancetx.commit.engine.effects import run as run_engine
-from lancetx.commit.engine.operations import Transaction
-from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.engine.unreferenced import Claim, release
 from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
@@ -148,7 +146,6 @@ class _StagingHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         staged = run(
             stage_steps(

@@ -18,7 +18,6 @@ it interrupted (e.g. a claim that may have landed) before it propagates.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
 T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- object store
@@ -131,10 +128,14 @@ class ClaimVersion:
     version: int
     manifest: bytes
     scheme: NamingScheme
+    #: Ours in brief; its ``ticket`` (our place in the commit queue) is served by
+    #: the claim (see :mod:`lancetx.commit.handlers.queue`).
     summary: TransactionSummary | None = None
-    #: Our commit-queue ticket, served once the claim is won (by the handler
-    #: before it finishes the commit when it can, else by the driver after it).
-    ticket: int | None = None
+
+
+# ---------------------------------------------------------------- commit queue
+# Performed through the handler's ``queue`` (see lancetx.commit.handlers.queue);
+# without one, TakeTicket and ReadTurns answer None and EndTurn does nothing.
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,12 @@ class ReadTurns:
 
 @dataclass(frozen=True)
 class EndTurn:
-    """Our turn with ``ticket`` is over (result: None)."""
+    """Our turn with ``ticket`` is over, won by claiming ``version`` if it was
+    (result: None)."""
 
     base: str
     ticket: int
+    version: int | None = None
 
 
 # --------------------------------------------------------------------- control
@@ -316,18 +319,16 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return handler.list_versions(base, since)
             case ReadManifest(base, location):
                 return handler.read_manifest(base, location)
-            case ClaimVersion(base, version, manifest, scheme, summary, ticket):
-                location = handler.commit(base, version, manifest, scheme, summary, ticket)
-                if ticket is not None and not handler.serves_ticket_on_claim:
-                    held = ticket
-                    _serve_after_claim(lambda: handler.end_turn(base, held, version), base)
-                return location
+            case ClaimVersion(base, version, manifest, scheme, summary):
+                return handler.commit(base, version, manifest, scheme, summary)
+        queue = handler.queue
+        match effect:
             case TakeTicket(base):
-                return handler.take_ticket(base)
+                return queue.take_ticket(base) if queue is not None else None
             case ReadTurns(base):
-                return handler.read_turns(base)
-            case EndTurn(base, ticket):
-                return handler.end_turn(base, ticket)
+                return queue.read_turns(base) if queue is not None else None
+            case EndTurn(base, ticket, claimed):
+                return queue.end_turn(base, ticket, claimed) if queue is not None else None
         raise TypeError(f"unknown effect {effect!r}")
 
     def one(sub: Steps[Any]) -> _Outcome:
@@ -361,32 +362,13 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
         last = result if isinstance(result, _Outcome) else _Outcome(result)
 
 
-def _serve_after_claim(serve: Callable[[], None], base: str) -> None:
-    """Serve a queue ticket after a won claim: the version is ours whatever happens
-    here, so an error must not turn the claim into a failed commit."""
-    try:
-        serve()
-    except LancetxError as exc:
-        log.warning("%s: could not serve our commit-queue ticket after the claim (%s)", base, exc)
-
-
-async def _claim_async(handler: AsyncCommitHandler, effect: ClaimVersion) -> ManifestLocation:
-    location = await handler.commit(
-        effect.base, effect.version, effect.manifest, effect.scheme, effect.summary, effect.ticket
-    )
-    if effect.ticket is not None and not handler.serves_ticket_on_claim:
-        try:
-            await handler.end_turn(effect.base, effect.ticket, effect.version)
-        except LancetxError as exc:  # the claim is won whatever happens here
-            log.warning(
-                "%s: could not serve our commit-queue ticket after the claim (%s)", effect.base, exc
-            )
-    return location
+async def _nothing() -> None:
+    return None
 
 
 async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
     """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
-    store = handler.store
+    store, queue = handler.store, handler.queue
     performers: dict[type, Callable[[Any], Awaitable[Any]]] = {
         GetObject: lambda e: (
             store.get(e.key) if e.kind is None else read_capped_async(store, e.key, e.kind)
@@ -399,10 +381,12 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ResolveVersion: lambda e: handler.resolve_version(e.base, e.version),
         ListVersions: lambda e: handler.list_versions(e.base, e.since),
         ReadManifest: lambda e: handler.read_manifest(e.base, e.location),
-        ClaimVersion: lambda e: _claim_async(handler, e),
-        TakeTicket: lambda e: handler.take_ticket(e.base),
-        ReadTurns: lambda e: handler.read_turns(e.base),
-        EndTurn: lambda e: handler.end_turn(e.base, e.ticket),
+        ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme, e.summary),
+        TakeTicket: lambda e: queue.take_ticket(e.base) if queue is not None else _nothing(),
+        ReadTurns: lambda e: queue.read_turns(e.base) if queue is not None else _nothing(),
+        EndTurn: lambda e: (
+            queue.end_turn(e.base, e.ticket, e.version) if queue is not None else _nothing()
+        ),
         Sleep: lambda e: asyncio.sleep(e.seconds),
     }
 

@@ -38,6 +38,7 @@ from lancetx.protos import file_pb2, table_pb2, transaction_pb2
 __all__ = [
     "COMMIT_MESSAGE_KEY",
     "FRAG_REUSE_INDEX_NAME",
+    "IDEMPOTENCY_KEY",
     "MEM_WAL_INDEX_NAME",
     "SINGLETON_INDEX_NAMES",
     "Append",
@@ -94,6 +95,8 @@ KeyExistenceFilter = _T.KeyExistenceFilter
 
 #: Transaction property Lance reserves for the commit message.
 COMMIT_MESSAGE_KEY = "__lance_commit_message"
+#: The transaction property holding a commit's idempotency key (``CommitOptions.idempotency_key``).
+IDEMPOTENCY_KEY = "lancetx.idempotency_key"
 #: Names of Lance's singleton system indices (``lance_index::frag_reuse`` / ``mem_wal``).
 FRAG_REUSE_INDEX_NAME = "__lance_frag_reuse"
 MEM_WAL_INDEX_NAME = "__lance_mem_wal"

@@ -75,12 +75,11 @@ class ConditionalPutCommitHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         """Create the final manifest of ``version`` if absent (after probing, once per
         process and bucket, that the store does not ignore If-None-Match). The store
         has no place for ``summary``: readers load transactions from manifests."""
-        del summary, ticket
+        del summary
         if self.probe:
             probe_conditional_put(self.store, base)
         key = manifest_key(base, version, scheme)

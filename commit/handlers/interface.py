@@ -10,7 +10,6 @@ conditional PUT on S3 that supports it, or a conditional PutItem in DynamoDB
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lancetx.commit.errors import ObjectNotFoundError
@@ -22,31 +21,13 @@ from lancetx.commit.format.manifest import (
     read_manifest_at,
 )
 from lancetx.commit.format.naming import NamingScheme
+from lancetx.commit.handlers.queue import AsyncCommitQueue, CommitQueue
 from lancetx.commit.storage.limits import MANIFEST, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectStore
 
 if TYPE_CHECKING:
     # Only for annotations: the sync import graph never imports aioboto3.
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
-
-
-@dataclass(frozen=True)
-class Turns:
-    """A table's commit queue item as last read: how many tickets were handed out
-    (``issued``, the newest ticket) and the highest ticket served there
-    (``served``: by a holder whose turn ended without a claim; a claim serves
-    its ticket in its own entry instead, see :class:`TransactionSummary`). The
-    holder of ticket ``t`` is next when every ticket up to ``t - 1`` was served.
-    See :mod:`lancetx.commit.engine.contention`."""
-
-    issued: int
-    served: int
-    #: The version the holder of ticket ``served`` claimed (0 if unknown): the
-    #: next holder builds on it or on a later one.
-    served_version: int = 0
-    #: When ticket ``served`` was served (seconds since the epoch; 0 if unknown):
-    #: the turn after it began then.
-    served_at: float = 0.0
 
 
 class CommitHandler(abc.ABC):
@@ -57,9 +38,10 @@ class CommitHandler(abc.ABC):
     """
 
     store: ObjectStore
-    #: Whether :meth:`commit` serves the ``ticket`` it is given (with the claim,
-    #: once it is won); the engine serves it after the claim otherwise.
-    serves_ticket_on_claim: bool = False
+    #: The tables' commit queue, when the handler keeps one (see
+    #: :mod:`lancetx.commit.handlers.queue`); None: writers under contention back
+    #: off at random instead.
+    queue: CommitQueue | None = None
     #: Whether :meth:`commit` claims a summary's idempotency key with the version
     #: (refusing a key committed before, at any distance: KeyAlreadyCommittedError)
     #: and :meth:`find_key` reads it back. Without, a key is found by reading the
@@ -86,17 +68,15 @@ class CommitHandler(abc.ABC):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         """Make ``manifest`` (already encoding ``version``) the manifest of
         ``version``, atomically. Raises VersionAlreadyExistsError if another
         writer holds ``version``; CommitStateUnknownError if that cannot be told.
         ``summary`` is the transaction in brief; a handler whose store can keep
         it next to the claim does (later :meth:`list_versions` return it), so
-        concurrent writers can often judge conflicts without reading manifests.
-        ``ticket`` is the caller's ticket in the table's commit queue: a handler
-        with a queue serves it as soon as the claim is won, before finishing the
-        commit, so the next writer in line can start (see :meth:`take_ticket`).
+        concurrent writers can often judge conflicts without reading manifests;
+        a handler with a :attr:`queue` records the summary's ``ticket`` with the
+        claim, which serves it (see :mod:`lancetx.commit.handlers.queue`).
         A handler that :attr:`claims_keys` raises KeyAlreadyCommittedError when the
         summary's idempotency key was committed before."""
 
@@ -112,26 +92,6 @@ class CommitHandler(abc.ABC):
         del base
         return read_manifest_at(self.store, location)
 
-    # A commit queue is optional: writers under contention take a ticket and wait
-    # for their turn instead of colliding. A handler without one returns None and
-    # the loop backs off at random instead. Advisory only: a version is still
-    # claimed by :meth:`commit` alone, and errors here must not fail a commit.
-
-    def take_ticket(self, base: str) -> Turns | None:
-        """Join the table's commit queue: the queue with our ticket as ``issued``."""
-        del base
-        return None
-
-    def read_turns(self, base: str) -> Turns | None:
-        """The table's commit queue as it stands."""
-        del base
-        return None
-
-    def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
-        """Our commit with ``ticket`` ended — won (claiming ``version``), refused or
-        given up: the next may go."""
-        del base, ticket, version
-
 
 class AsyncCommitHandler(abc.ABC):
     """The asyncio twin of :class:`CommitHandler`: the same four operations,
@@ -143,8 +103,8 @@ class AsyncCommitHandler(abc.ABC):
     """
 
     store: AsyncObjectStore
-    #: See :attr:`CommitHandler.serves_ticket_on_claim`.
-    serves_ticket_on_claim: bool = False
+    #: See :attr:`CommitHandler.queue`.
+    queue: AsyncCommitQueue | None = None
     #: See :attr:`CommitHandler.claims_keys`.
     claims_keys: bool = False
 
@@ -168,7 +128,6 @@ class AsyncCommitHandler(abc.ABC):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         """See :meth:`CommitHandler.commit`."""
 
@@ -176,20 +135,6 @@ class AsyncCommitHandler(abc.ABC):
         """See :meth:`CommitHandler.find_key`."""
         del base, key
         return None
-
-    async def take_ticket(self, base: str) -> Turns | None:
-        """See :meth:`CommitHandler.take_ticket`."""
-        del base
-        return None
-
-    async def read_turns(self, base: str) -> Turns | None:
-        """See :meth:`CommitHandler.read_turns`."""
-        del base
-        return None
-
-    async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
-        """See :meth:`CommitHandler.end_turn`."""
-        del base, ticket, version
 
     async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
         """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file,

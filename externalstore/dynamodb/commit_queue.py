@@ -53,7 +53,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.externalstore.dynamodb.plans import (
     ApiCall,
     Plan,

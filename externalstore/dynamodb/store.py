@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.externalstore.base import ExternalManifestStore, KeyRecord, ManifestEntry
 from lancetx.externalstore.dynamodb.commit_queue import (
     end_turn_plan,

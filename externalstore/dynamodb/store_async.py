@@ -22,7 +22,7 @@ try:
 except ImportError as exc:  # the sync API never imports this module
     raise MissingExtraError("the asyncio DynamoDB store", "async", exc.name) from exc
 
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.externalstore.base import AsyncExternalManifestStore, KeyRecord, ManifestEntry
 from lancetx.externalstore.dynamodb.commit_queue import (
     end_turn_plan,

@@ -154,10 +154,12 @@ def _writer_workloads(lake: Lake, uri: str) -> None:
         pa.table({"x": [5]}), uri, mode="append", storage_options=lake.options
     )  # pylance's own commit through s3+ddb://
     conn = connect(uri, lake.options)
-    turn = conn.handler.take_ticket(conn.base)  # the commit queue under contention
+    queue = conn.handler.queue  # the commit queue under contention
+    assert queue is not None
+    turn = queue.take_ticket(conn.base)
     assert turn is not None
-    conn.handler.read_turns(conn.base)
-    conn.handler.end_turn(conn.base, turn.issued)
+    queue.read_turns(conn.base)
+    queue.end_turn(conn.base, turn.issued)
 
 
 def _reader_workloads(lake: Lake, uri: str) -> None:

@@ -91,7 +91,6 @@ def test_an_unknown_outcome_is_a_warning_and_an_event(
             manifest: bytes,
             scheme: NamingScheme,
             summary: TransactionSummary | None = None,
-            ticket: int | None = None,
         ) -> ManifestLocation:
             raise CommitStateUnknownError(self.store.uri(base), version, "token", "timed out")
 

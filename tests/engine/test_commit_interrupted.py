@@ -49,10 +49,9 @@ class InterruptedAfterClaim(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         if self.land:
-            self.inner.commit(base, version, manifest, scheme, summary, ticket)
+            self.inner.commit(base, version, manifest, scheme, summary)
         raise self.error
 
 

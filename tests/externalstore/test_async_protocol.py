@@ -205,7 +205,6 @@ class CapturingHandler(ExternalStoreCommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         self.captured.append((version, manifest))
         raise Crash(0, None)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -39,7 +40,7 @@ from protocol_helpers import (
 from lancetx.commit.engine import committer, contention
 from lancetx.commit.engine.committer import CommitOptions, Committed, Parent, load_parent
 from lancetx.commit.engine.events import CommitEvent
-from lancetx.commit.handlers.interface import Turns
+from lancetx.commit.handlers.queue import Turns
 from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
@@ -457,7 +458,8 @@ class _Ticketed:
 
     def commit(self, *args: Any, **kwargs: Any) -> Any:
         base, version, manifest, scheme, summary = args[:5]
-        return self._inner.commit(base, version, manifest, scheme, summary, self._ticket)
+        summary = dataclasses.replace(summary, ticket=self._ticket)
+        return self._inner.commit(base, version, manifest, scheme, summary)
 
 
 def test_a_writer_that_loaded_the_claim_serving_the_ticket_ahead_goes_at_once(

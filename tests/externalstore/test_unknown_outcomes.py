@@ -140,7 +140,6 @@ class StaleWinnerHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         self.attempts.append(version)
         if self.others is not None:
@@ -148,7 +147,7 @@ class StaleWinnerHandler(CommitHandler):
             run_others()
             stale = ManifestLocation(version - 1, manifest_key(base, version - 1, scheme), scheme)
             raise VersionAlreadyExistsError(self.store.uri(base), version, winner=stale)
-        return self.inner.commit(base, version, manifest, scheme, summary, ticket)
+        return self.inner.commit(base, version, manifest, scheme, summary)
 
 
 def test_a_stale_winner_still_converges(

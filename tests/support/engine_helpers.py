@@ -240,7 +240,6 @@ class LosingHandler(CommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         self.attempts.append(version)
         if self.losses > 0:
@@ -249,7 +248,7 @@ class LosingHandler(CommitHandler):
         if self.before_commit is not None:
             hook, self.before_commit = self.before_commit, None  # once
             hook(version)
-        return self.inner.commit(base, version, manifest, scheme, summary, ticket)
+        return self.inner.commit(base, version, manifest, scheme, summary)
 
 
 @dataclass

@@ -139,7 +139,6 @@ class CrashingHandler(ExternalStoreCommitHandler):
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-        ticket: int | None = None,
     ) -> ManifestLocation:
         steps = commit_steps(Table(base, base), version, scheme, manifest, summary=summary)
         outcome: CommitOutcome = run(
