@@ -58,6 +58,7 @@ from lancetx.errors import (
     InvalidIdempotencyKeyError,
     InvalidPredicateError,
     InvalidRequestError,
+    InvalidTagNameError,
     InvalidTransactionError,
     InvalidUriError,
     InvalidWriteParamError,
@@ -102,7 +103,12 @@ from lancetx.errors import (
     TableExistsError,
     TableMovedError,
     TablesNotColocatedError,
+    TagError,
+    TagExistsError,
     TagFileError,
+    TagNotFoundError,
+    TagOnBranchError,
+    TagTargetRemovedError,
     ThrottledError,
     TransactionFileError,
     TransactionTooLargeError,
@@ -127,6 +133,7 @@ from lancetx.errors import (
 from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many
 from lancetx.table import MergeInsertBuilder, Table, commit_fragments, connect, open, write_table
+from lancetx.tags import TagInfo, Tags
 from lancetx.writer import TableWriter
 from lancetx.written import WrittenFiles, check_schema
 
@@ -167,6 +174,7 @@ __all__ = [
     "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
     "InvalidRequestError",
+    "InvalidTagNameError",
     "InvalidTransactionError",
     "InvalidUriError",
     "InvalidWriteParamError",
@@ -214,7 +222,14 @@ __all__ = [
     "TableMovedError",
     "TableWriter",
     "TablesNotColocatedError",
+    "TagError",
+    "TagExistsError",
     "TagFileError",
+    "TagInfo",
+    "TagNotFoundError",
+    "TagOnBranchError",
+    "TagTargetRemovedError",
+    "Tags",
     "ThrottledError",
     "TransactionFileError",
     "TransactionTooLargeError",
