@@ -58,6 +58,7 @@ from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
 from lancetx.table import Table, TableVerbs, _args
+from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
 from lancetx.writer import AsyncTableWriter, TableWriter
 
@@ -341,9 +342,15 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
     async def scanner(self, **kwargs: Any) -> Any:
         return await asyncio.to_thread(self._sync.scanner, **kwargs)
 
-    async def checkout(self, version: int) -> AsyncTable:
-        await asyncio.to_thread(self._state.parent_at, version)
-        return AsyncTable(self._state, pinned=version)
+    @property
+    def tags(self) -> AsyncTags:
+        """The table's tags (see :attr:`lancetx.Table.tags`), awaited."""
+        return AsyncTags(self._sync.tags)
+
+    async def checkout(self, version: int | str) -> AsyncTable:
+        """A read-only view of ``version`` (a number or a tag's name)."""
+        pinned = await asyncio.to_thread(lambda: self._sync.checkout(version).version)
+        return AsyncTable(self._state, pinned=pinned)
 
     async def history(self) -> list[VersionInfo]:
         return await asyncio.to_thread(self._state.history, self.version)
@@ -357,7 +364,10 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
 
 @checked
 async def open(
-    uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | None = None
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    version: int | str | None = None,
 ) -> AsyncTable:
     """The async :func:`lancetx.open`."""
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)

@@ -22,7 +22,12 @@ bracket this module)::
     │   ├── ForeignFragmentError           fragments outside the table's data/ directory
     │   ├── PylanceCommitsItselfError      a verb only pylance's own commit could do
     │   ├── ReadOnlyTableError             a write on a checkout() view
-    │   └── WriterClosedError              a streaming writer used after commit()/abort()
+    │   ├── WriterClosedError              a streaming writer used after commit()/abort()
+    │   └── TagError                       Table.tags, or a version opened by tag (``tag``)
+    │       ├── TagNotFoundError           no such tag (``existing`` lists them; also a LookupError)
+    │       ├── TagExistsError             tags.create of a name already taken
+    │       ├── InvalidTagNameError        a name Lance refuses (also a ValueError)
+    │       └── TagOnBranchError           a pylance tag on another branch
     ├── ArgumentTypeError                  a public call's argument has the wrong type (also a TypeError)
     ├── InvalidIdempotencyKeyError         an empty, non-UTF-8 or too long idempotency key (also a ValueError)
     ├── InvalidWriteParamError             a write parameter pylance cannot take (also a TypeError, ValueError)
@@ -31,6 +36,7 @@ bracket this module)::
     ├── MissingExtraError                  [commit] an extra's packages are absent (also an ImportError)
     ├── DatasetNotFoundError               [commit] no Lance table at the URI
     ├── VersionNotFoundError               [commit] no such version
+    │   └── TagTargetRemovedError          a cleanup removed the version while it was being tagged
     ├── CommitError                        [commit] committing a transaction failed
     │   ├── CommitConflictError            a transaction committed since ours conflicts with it
     │   │   ├── RetryableConflictError *   re-planned on the new version, the result is the same
@@ -113,7 +119,7 @@ bracket this module)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from lancetx.commit.engine.builder.errors import (
@@ -377,6 +383,92 @@ class WriterClosedError(TableError):
         super().__init__(uri, f"this writer is already {state}; open a new one with Table.writer()")
 
 
+class TagError(TableError):
+    """Base class of the errors of ``Table.tags`` and of opening a version by tag.
+    ``tag`` names the tag. Nothing was written."""
+
+    def __init__(self, uri: str, tag: str, message: str) -> None:
+        self.tag = tag
+        super().__init__(uri, message)
+
+
+def _listed(tags: Mapping[str, int]) -> str:
+    if not tags:
+        return "the table has no tags"
+    shown = ", ".join(f"{name!r} (version {version})" for name, version in sorted(tags.items()))
+    return f"its tags: {shown}"
+
+
+class TagNotFoundError(TagError, LookupError):
+    """No tag of that name; ``existing`` maps each tag there is to its version."""
+
+    def __init__(self, uri: str, tag: str, existing: Mapping[str, int]) -> None:
+        self.existing = dict(existing)
+        super().__init__(
+            uri,
+            tag,
+            f"no tag {tag!r} ({_listed(existing)}); create it with "
+            "Table.tags.create(name, version)",
+        )
+
+
+class TagExistsError(TagError):
+    """``tags.create`` of a name that is already a tag (of ``version``)."""
+
+    def __init__(self, uri: str, tag: str, version: int | None) -> None:
+        self.version = version
+        at = f" (version {version})" if version is not None else ""
+        super().__init__(
+            uri,
+            tag,
+            f"tag {tag!r} already exists{at}; move it with Table.tags.update({tag!r}, version) "
+            "or delete it first",
+        )
+
+
+class InvalidTagNameError(TagError, ValueError):
+    """A tag name Lance does not accept (``problem`` says why). Also a ValueError."""
+
+    def __init__(self, uri: str, tag: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            uri,
+            tag,
+            f"{tag!r} is not a valid tag name: {problem} (and it may not begin or end "
+            "with '.', contain '..' or end with '.lock')",
+        )
+
+
+class TagOnBranchError(TagError):
+    """A tag (written by pylance) that names a version of another branch: lancetx
+    commits one linear history and cannot read it by that tag."""
+
+    def __init__(self, uri: str, tag: str, branch: str, version: int) -> None:
+        self.branch = branch
+        self.version = version
+        super().__init__(
+            uri,
+            tag,
+            f"tag {tag!r} names version {version} of branch {branch!r}, not of the main "
+            "branch lancetx reads and writes; open that branch with pylance",
+        )
+
+
+class TagTargetRemovedError(VersionNotFoundError):
+    """``tags.create``/``update`` lost a race with a cleanup: the version existed when
+    the tag was written, and was gone right after. The tag was deleted again (or put
+    back as it was), so no tag names a removed version."""
+
+    def __init__(self, uri: str, tag: str, version: int) -> None:
+        self.tag = tag
+        super().__init__(
+            uri,
+            version,
+            f"a cleanup removed it while tag {tag!r} was being written; the tag was "
+            "withdrawn. Tag a version that still exists (Table.history())",
+        )
+
+
 # ----------------------------------- maintenance (lancetx.ops, lancetx-sync)
 
 
@@ -563,6 +655,7 @@ __all__ = [
     "InvalidIdempotencyKeyError",
     "InvalidPredicateError",
     "InvalidRequestError",
+    "InvalidTagNameError",
     "InvalidTransactionError",
     "InvalidUriError",
     "InvalidWriteParamError",
@@ -607,7 +700,12 @@ __all__ = [
     "TableExistsError",
     "TableMovedError",
     "TablesNotColocatedError",
+    "TagError",
+    "TagExistsError",
     "TagFileError",
+    "TagNotFoundError",
+    "TagOnBranchError",
+    "TagTargetRemovedError",
     "ThrottledError",
     "TransactionFileError",
     "TransactionTooLargeError",

@@ -20,6 +20,7 @@ from lancetx.convert import to_transaction
 from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
 from lancetx.history import VersionInfo
 from lancetx.state import TableState
+from lancetx.tags import Tags
 from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
 from lancetx.verbs.maintenance import (
     plan_compact,
@@ -468,8 +469,20 @@ class Table(TableVerbs[int]):
         """Rows at :attr:`version` (matching ``filter``)."""
         return int(self.dataset.count_rows(filter=filter, **kwargs))
 
-    def checkout(self, version: int) -> Table:
-        """A read-only view of ``version`` (VersionNotFoundError if it does not exist)."""
+    @property
+    def tags(self) -> Tags:
+        """The table's tags, stored as Lance stores them (pylance sees them and
+        lancetx sees pylance's): ``table.tags.create("v1", 3)``, ``.update``,
+        ``.delete``, ``.list()``. A tagged version stays readable by name and
+        every cleanup keeps it."""
+        return Tags(self._state)
+
+    def checkout(self, version: int | str) -> Table:
+        """A read-only view of ``version``: a number or a tag's name
+        (VersionNotFoundError if it does not exist, TagNotFoundError naming the
+        tags there are for an unknown tag)."""
+        if isinstance(version, str):
+            version = self.tags.resolve(version)
         self._state.parent_at(version)  # fail now, naming the version, if it does not exist
         return Table(self._state, pinned=version)
 
@@ -668,15 +681,15 @@ def open(
     uri: str,
     storage_options: Mapping[str, str] | None = None,
     *,
-    version: int | None = None,
+    version: int | str | None = None,
     missing_ok: bool = False,
 ) -> Table:
     """Open the table at ``uri`` (``s3+ddb://bucket/path?ddbTableName=T``, ``s3://…``,
     or a local path). Raises DatasetNotFoundError if it has no version, unless
     ``missing_ok``: then the Table of a table that does not exist yet
     (:attr:`Table.exists` False, :attr:`Table.data_uri` known) is returned, which
-    :meth:`Table.commit_fragments` creates. With ``version`` returns a read-only view
-    of that version."""
+    :meth:`Table.commit_fragments` creates. With ``version`` (a number or a tag's
+    name) returns a read-only view of that version."""
     state = TableState.connect(uri, storage_options)
     if state.refresh() is None and (not missing_ok or version is not None):
         raise DatasetNotFoundError(uri)

@@ -13,7 +13,10 @@ Lance's ``cleanup_old_versions`` rules, kept here:
 * a file is deleted only if a removed version references it and no kept
   version does; index folders likewise;
 * versions committed while the cleanup runs are loaded again right before
-  files are deleted, and whatever they reference is kept.
+  files are deleted, and whatever they reference is kept;
+* the tags are read again after the manifests are deleted: a version tagged
+  meanwhile gets its manifest back and keeps its files (see
+  :func:`_put_back_tagged`; ``Table.tags.create`` checks from its side).
 
 Before anything is deleted, every check of :mod:`lancetx.ops.preflight` passes
 (no item or manifest pointing outside the table, no wedged version, every tag
@@ -42,7 +45,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from lancetx.commit.errors import LancetxError
+from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.retention import read_tags
 from lancetx.ops.inventory import (
     LoadedVersion,
@@ -83,6 +86,36 @@ def tagged_versions(table: OpsTable) -> set[int]:
     """Versions named by ``_refs/tags/*.json`` (TagFileError for one that names none:
     cleanup stops rather than guess)."""
     return {tag.version for tag in read_tags(table.store, table.base)}
+
+
+def _put_back_tagged(
+    table: OpsTable,
+    removed: list[LoadedVersion],
+    held: dict[int, dict[str, bytes]],
+    tags: set[int],
+) -> list[LoadedVersion]:
+    """The removed versions a tag created while this cleanup ran now names, their
+    manifests written back (from ``held``, the bytes read before deleting them).
+
+    Why this closes the race with ``Table.tags.create``: it writes the tag, then
+    checks the manifest is still there (and withdraws its tag if not). The tags
+    are read again here, after the manifests were deleted: a creator whose check
+    found the manifest wrote its tag before that check, so before this read, and
+    its version is put back here; one whose check came later found it gone. (A
+    pylance ``tags.create`` checks before writing only: a tag it writes after this
+    read can still name a removed version.)"""
+    late = tagged_versions(table) - tags
+    retagged = [lv for lv in removed if lv.version in late]
+    for lv in retagged:
+        for key, data in held.get(lv.version, {}).items():
+            table.store.put(key, data)
+        log.warning(
+            "version %d of %s was tagged while this cleanup removed it; its manifest is "
+            "back and it is kept",
+            lv.version,
+            table.uri,
+        )
+    return retagged
 
 
 def _timestamp(lv: LoadedVersion) -> datetime:
@@ -168,11 +201,28 @@ def cleanup_versions(
         total = getattr(progress, "total", None)
         if total is not None:
             total("delete", len(removed) + len(removable_items) + len(files))
+        held: dict[int, dict[str, bytes]] = {}
         for lv in removed:  # oldest first, one at a time: see the module docstring
             final = listing.finals.get(lv.version)
+            held[lv.version] = {}
             for key in sorted({lv.key, final.key if final is not None else lv.key}):
+                try:  # kept to put back if a tag names the version meanwhile (below)
+                    held[lv.version][key] = table.store.get(key)
+                except ObjectNotFoundError:
+                    continue
                 table.store.delete(key)
             progress("delete", 1)
+        retagged = _put_back_tagged(table, removed, held, tags)
+        if retagged:
+            removed = [lv for lv in removed if lv not in retagged]
+            kept = sorted(kept + retagged, key=lambda lv: lv.version)
+            for lv in retagged:
+                drop -= referenced_keys(table.base, lv.manifest)
+                drop_indices -= index_prefixes(table.base, lv.manifest)
+            back = {lv.version for lv in retagged}
+            removable_items = [e for e in removable_items if e.version not in back]
+            fenced = [v for v in fenced if v not in back]
+            files = sorted(drop)
         for entry in removable_items:
             progress("delete", 1)
             try:

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY
-from lancetx.commit.errors import DatasetNotFoundError
+from lancetx.commit.errors import DatasetNotFoundError, LancetxError
 from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.format.retention import read_tags
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.dynamodb.store_schema import read_stamp
@@ -40,6 +41,8 @@ class StatusReport:
     store_schema_version: int | None
     moved_to: str | None
     notes: list[str] = field(default_factory=list)
+    #: The table's tags (``_refs/tags/``, pylance's and lancetx's): name → version.
+    tags: dict[str, int] = field(default_factory=dict)
 
 
 def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusReport:
@@ -91,6 +94,14 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
     if not entries and not listing.finals and not listing.staged and moved is None:
         # Nothing was ever committed here (a mistyped path): not a table with no versions.
         raise DatasetNotFoundError(table.uri)
+    tags: dict[str, int] = {}
+    try:
+        tags = {
+            tag.name: tag.version
+            for tag in sorted(read_tags(table.store, table.base), key=lambda t: t.name)
+        }
+    except LancetxError as exc:
+        notes.append(f"the tags cannot be read ({exc}); cleanup and gc refuse until fixed")
     if staged:
         notes.append(
             f"{len(staged)} version(s) not finalized yet ({_short(staged)}): "
@@ -114,6 +125,7 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
         store_schema_version=stamp,
         moved_to=moved,
         notes=notes,
+        tags=tags,
     )
 
 

@@ -85,7 +85,7 @@ WRONG_CALLS: list[tuple[str, Callable[[lancetx.Table], Any], str, str]] = [
         "condition",
         "str | None",
     ),
-    ("checkout", lambda t: t.checkout("3"), "version", "int"),
+    ("checkout", lambda t: t.checkout(3.0), "version", "int | str"),  # a str names a tag
     ("count_rows", lambda t: t.count_rows(3), "filter", "str | None"),
     ("writer", lambda t: t.writer(commit_message=b"x"), "commit_message", "str | None"),
     (

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         uri: UriArg, storage_option: StorageOptions = None, json: JsonOutput = False
     ) -> None:
         """Latest version, unfinalized versions, item count, naming scheme, committers,
-        onboarding state, last commit time and message. Reads only."""
+        onboarding state, last commit time and message, tags. Reads only."""
         from lancetx.cli.output import (
             emit_json,
             handled,
@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
             ["last message", report.last_commit_message],
             ["store schema", report.store_schema_version],
             ["moved to", report.moved_to],
+            ["tags", ", ".join(f"{k}: {v}" for k, v in report.tags.items()) or "none"],
         ]
         print_table(console, "Status", ["", ""], rows, header=False)
         for note in report.notes:
