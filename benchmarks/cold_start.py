@@ -14,8 +14,9 @@ shutdown after the last; ``import lancetx`` itself loads almost nothing, so lanc
 imports show under *open*). The children cache bytecode (outside the source tree), as
 an installed wheel does. Runs are paired and alternate (lancetx, pylance,
 lancetx, …; the first of each pair alternates too), so a noisy shared machine
-loads both systems alike; the ratio is of medians. The load average (``uptime``)
-before and after the runs is printed and stored.
+loads both systems alike; the ratio is of medians. *cpu* is the child's CPU time (user
++ system, all threads, from ``getrusage``), steadier than wall time on a loaded machine.
+The load average (``uptime``) before and after the runs is printed and stored.
 
 Also times the CLI: ``lancetx-sync --help`` and ``lancetx-sync status URI``
 (fresh processes, ``--cli-runs`` each).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -77,6 +79,13 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children (all threads):
+    steadier than wall time on a loaded machine."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_environ(pycache: str) -> dict[str, str]:
     """The children's environment: bytecode cached (in ``pycache``, outside the source
     tree), as an installed wheel's is: without it every run would compile lancetx's
@@ -89,6 +98,7 @@ def child_environ(pycache: str) -> dict[str, str]:
 def run_child(
     system: str, uri: str, options: dict[str, str], env: dict[str, str]
 ) -> dict[str, float]:
+    cpu_before = children_cpu()
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", CHILD[system], uri, json.dumps(options)],
@@ -98,6 +108,7 @@ def run_child(
         env=env,
     )
     total = time.perf_counter() - start
+    cpu = children_cpu() - cpu_before
     if result.returncode != 0:
         raise RuntimeError(f"{system} cold start failed:\n{result.stderr}")
     reported = json.loads(result.stdout)
@@ -106,6 +117,7 @@ def run_child(
         "import": float(reported["import"]),
         "open": float(reported["open"]),
         "rest": total - float(reported["import"]) - float(reported["open"]),
+        "cpu": cpu,
     }
 
 
@@ -162,7 +174,7 @@ def main() -> None:
     load_after = load()
 
     table = []
-    for part in ("total", "import", "open", "rest"):
+    for part in ("total", "cpu", "import", "open", "rest"):
         lx = [r[part] for r in runs["lancetx"]]
         pl = [r[part] for r in runs["pylance"]]
         lx_med, lx_p90 = summary(lx)
