@@ -139,9 +139,14 @@ def guard_bucket(
 
 def holds_manifests(table: Table) -> Steps[bool]:
     """Whether the object store holds any final manifest of ``table`` (one LIST)."""
+    return bool((yield from final_manifest_versions(table)))
+
+
+def final_manifest_versions(table: Table) -> Steps[set[int]]:
+    """The versions whose final manifest the object store holds (one LIST)."""
     prefix = table.versions_prefix()
     listed: list[ObjectMeta] = yield ListObjects(prefix)
-    return any(True for _ in manifest_locations(prefix, listed))
+    return {location.version for location in manifest_locations(prefix, listed)}
 
 
 def check_manifest(
@@ -183,8 +188,8 @@ def explain_unreadable_steps(
     dynamodb_table: str | None,
 ) -> Steps[LancetxError]:
     """The error to raise for a manifest that ``location`` (from an item) points at and
-    that could not be read with ``error``. Reads only: the item, and (for an item
-    without a bucket whose manifest is missing) one listing of ``_versions/``."""
+    that could not be read with ``error``. Reads only: the item, and (for a missing
+    manifest) one listing of ``_versions/``."""
     try:
         entry: ManifestEntry | None = yield GetEntry(table.base_uri, location.version)
     except EntryNotFoundError:
@@ -199,12 +204,18 @@ def explain_unreadable_steps(
         if entry.size is None and not entry.is_staged:
             # What backfill records for a version deleted by cleanup: known to be gone.
             return error
-        if bucket is not None and entry.bucket is None:
-            holds = yield from holds_manifests(table)
-            if not holds:
-                return TableCollisionError(
-                    table.base_uri, entry.version, bucket, None, dynamodb_table, path=entry.path
-                )
+        finals = yield from final_manifest_versions(table)
+        if bucket is not None and entry.bucket is None and not finals:
+            return TableCollisionError(
+                table.base_uri, entry.version, bucket, None, dynamodb_table, path=entry.path
+            )
+        if finals and entry.version < min(finals):
+            # Older than every manifest the store holds: a cleanup removed it and kept
+            # its item as a fence (a writer whose parent it was meets it). Not dangling:
+            # "not found" lets readers skip it and a writer re-plan on the latest. Tags
+            # are not read here: a tagged older version keeps this "dangling", the
+            # cautious answer.
+            return error
         return DanglingEntryError(
             table.base_uri,
             entry.version,

@@ -11,6 +11,7 @@ imported, and only tests marked ``integration`` are meant to run.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -48,6 +49,13 @@ os.environ.setdefault(
 
 if external_backend.selected():
     external_backend.install_moto_guard()
+
+# A run started in the background of a non-interactive shell (`make test &`, nohup, a
+# CI step's job control off) inherits SIGINT ignored, and every process a test starts
+# would too: a test that sends Ctrl-C to a child would see it ignored. A handler of our
+# own here makes children start with the default again (exec resets handlers).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

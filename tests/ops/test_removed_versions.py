@@ -161,3 +161,40 @@ def test_versions_pylances_own_cleanup_removed_are_skipped_too(
     assert opened.find_idempotency_key("k1") == 2  # by its key item: the version is gone
     report = verify_table(open_table(table.uri, table.options))
     assert report.ok, report.findings
+
+
+def test_a_writer_whose_parent_a_cleanup_removed_is_told_to_plan_again_not_that_items_dangle(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A writer planned at version 2; pylance commits land, and a cleanup (no age floor)
+    removes versions 1..4, keeping their items as fences. The writer cannot check its
+    commit against 3 and 4 (pylance's items carry no summary to settle them by): it
+    stops with "gone (cleaned up?) ... plan again", nothing committed. (It was told the
+    item of version 3 dangles, which sends operators to repair a healthy table.) Had
+    lancetx written 3 and 4, their summaries would settle them and the commit land."""
+    from protocol_helpers import lancetx_append, load_parent
+
+    from lancetx.commit.errors import InvalidCommitError
+    from lancetx.externalstore.connect import connect
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=1)  # versions 1, 2
+    conn = connect(table.uri, table.options)
+    parent = load_parent(conn.handler, conn.base)
+    assert parent.version == 2
+    for n in range(4):  # versions 3..6, by pylance: items without lancetx's summary
+        lance.write_dataset(
+            batch("later", n, 3), table.uri, mode="append", storage_options=table.options
+        )
+    report = cleanup_versions(open_table(table.uri, table.options), keep_versions=2)
+    assert report.removed_versions == [1, 2, 3, 4]
+
+    try:
+        lancetx_append(
+            conn.handler, conn.base, conn.data_uri, table.options, batch("late", 0, 3), parent
+        )
+    except InvalidCommitError as exc:
+        assert "cleaned up?" in str(exc) and "plan the transaction again" in str(exc)
+    else:
+        raise AssertionError("a commit landed unchecked against versions a cleanup removed")
+    assert [v.version for v in lancetx.open(table.uri, table.options).history()] == [5, 6]
+    assert lance.dataset(table.uri, storage_options=table.options).version == 6
