@@ -8,7 +8,6 @@ AWS clients' User-Agent all read it from here.
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import metadata
 
 #: What :func:`installed_version` says when lancetx runs from a source tree that was
 #: never installed.
@@ -18,6 +17,10 @@ NOT_INSTALLED = "0.0.0+unknown"
 @lru_cache(maxsize=1)
 def installed_version() -> str:
     """The installed distribution's version, or :data:`NOT_INSTALLED`."""
+    # importlib.metadata (email, zipfile, csv …) is imported only when a version is
+    # asked for: ``import lancetx`` does not
+    from importlib import metadata
+
     try:
         return metadata.version("lancetx")
     except metadata.PackageNotFoundError:

@@ -50,6 +50,15 @@ os.environ.setdefault(
 if external_backend.selected():
     external_backend.install_moto_guard()
 
+# Where the environment forbids bytecode files (PYTHONDONTWRITEBYTECODE, set on some
+# CI images), every process a test starts (the CLI, spawned writers, Spark's Python
+# workers) would compile lancetx and its dependencies from source again: they write it
+# to a cache outside the tree instead.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    os.environ.setdefault(
+        "PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "lancetx-tests-pycache")
+    )
+
 # A run started in the background of a non-interactive shell (`make test &`, nohup, a
 # CI step's job control off) inherits SIGINT ignored, and every process a test starts
 # would too: a test that sends Ctrl-C to a child would see it ignored. A handler of our

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lancetx.protos import file_pb2, transaction_pb2
 
@@ -268,6 +267,8 @@ def _fixed_bytes(column: pa.Array, values: np.ndarray) -> pa.Array:
     ).cast(_BYTES)
     if column.null_count == 0:
         return raw
+    import pyarrow.compute as pc  # only a commit with keys needs it: opens stay lighter
+
     return pc.if_else(column.is_null(), pa.scalar(None, _BYTES), raw)
 
 
@@ -316,6 +317,8 @@ def key_bytes_array(table: pa.Table, columns: Sequence[str]) -> pa.Array:
         return parts[0]
     # Each part followed by a zero byte: the parts joined by b"\0" after an empty last part.
     empty, zero = pa.scalar(b"", _BYTES), pa.scalar(b"\x00", _BYTES)
+    import pyarrow.compute as pc
+
     return pc.binary_join_element_wise(*parts, empty, zero)
 
 
@@ -330,6 +333,8 @@ def key_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     out = np.empty(len(keys), dtype=np.uint64)
     if not len(keys):
         return out
+    import pyarrow.compute as pc
+
     lengths = pc.binary_length(keys).to_numpy()
     for length in np.unique(lengths):
         index = np.flatnonzero(lengths == length)

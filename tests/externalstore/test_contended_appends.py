@@ -102,11 +102,11 @@ def race(uri: str, options: dict[str, str], systems: list[str]) -> list[dict[str
             return [f.result(timeout=600) for f in futures]
 
 
-@pytest.mark.slow  # ~40 s per case on 2 idle cores (10 spawned writer processes)
+@pytest.mark.slow  # ~40 s per case on 2 idle cores (10 spawned writer processes): long pass only
 @pytest.mark.parametrize(
     "systems",
     [
-        ["lancetx"] * 10,
+        pytest.param(["lancetx"] * 10, marks=pytest.mark.long_only),
         pytest.param(["lancetx"] * 8 + ["pylance"] * 2, marks=pytest.mark.long_only),
     ],
     ids=["10-lancetx", "8-lancetx-2-pylance"],
