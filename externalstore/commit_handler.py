@@ -60,9 +60,8 @@ from lancetx.externalstore.protocol import (
     Steps,
     StoreInfo,
     Table,
-    claim_steps,
+    commit_steps,
     find_key_steps,
-    finish_steps,
     list_versions_steps,
     onboard_steps,
     resolve_latest_steps,
@@ -220,6 +219,29 @@ def _stamped(summary: TransactionSummary | None) -> TransactionSummary | None:
     return dataclasses.replace(summary, claimed_at=time.time())
 
 
+def handler_commit_steps(
+    store: StoreInfo,
+    entries: object,
+    base: str,
+    version: int,
+    manifest: bytes,
+    scheme: NamingScheme,
+    summary: TransactionSummary | None,
+    *,
+    committer: str = COMMITTER,
+) -> Steps[CommitOutcome]:
+    """The handler's commit as one piece of steps, as both twins drive it: the ticket
+    (``summary``'s, our place in the commit queue) stamped with the claim's time, the
+    claim, then the finish (copy, flip, clean up) — with the bucket guard and the
+    wedge explanation every handler run has. The fault suite crashes these steps at
+    each of their effects."""
+    stamped = _stamped(summary)
+    steps = commit_steps(
+        _table(base), version, scheme, manifest, committer=committer, summary=stamped
+    )
+    return (yield from _explained(steps, base, store, entries))
+
+
 class ExternalStoreCommitHandler(CommitHandler):
     """Claims versions with a conditional insert into ``entries``; manifests live in ``store``.
 
@@ -248,13 +270,36 @@ class ExternalStoreCommitHandler(CommitHandler):
         #: The table's commit queue in the external store.
         self.queue: StoreCommitQueue = StoreCommitQueue(entries)
 
-    def _run(self, steps: Steps[T], base: str, *, write: bool = False, checked: bool = True) -> T:
-        def action() -> T:
-            return run(_explained(steps, base, self.store, self.entries), self.store, self.entries)
+    def _run(self, steps: Steps[T], base: str) -> T:
+        return self._drive(_explained(steps, base, self.store, self.entries))
 
-        if self.preflight is None or not checked:
+    def _drive(self, steps: Steps[T], *, write: bool = False) -> T:
+        def action() -> T:
+            return run(steps, self.store, self.entries)
+
+        if self.preflight is None:
             return action()
         return self.preflight.beside(action, write=write)
+
+    def commit_steps(
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+    ) -> Steps[CommitOutcome]:
+        """The steps :meth:`commit` drives (see :func:`handler_commit_steps`)."""
+        return handler_commit_steps(
+            self.store,
+            self.entries,
+            base,
+            version,
+            manifest,
+            scheme,
+            summary,
+            committer=self.committer,
+        )
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.
@@ -303,18 +348,11 @@ class ExternalStoreCommitHandler(CommitHandler):
         entries). So the next writer starts while this one copies and flips, and
         serving costs no request.
         """
-        table = _table(base)
-        summary = _stamped(summary)
-        # The claim waits for the table's checks (see Preflight.beside); finishing a
-        # claim that landed is never refused, or its outcome replaced, by a check.
-        staged = self._run(
-            claim_steps(
-                table, version, scheme, manifest, committer=self.committer, summary=summary
-            ),
-            base,
-            write=True,
-        )
-        outcome = self._run(finish_steps(staged, scheme), base, checked=False)
+        # A write: the claim waits for the table's checks and runs after them (see
+        # Preflight.beside), so finishing a claim that landed is never refused, or
+        # its outcome replaced, by a check.
+        steps = self.commit_steps(base, version, manifest, scheme, summary)
+        outcome = self._drive(steps, write=True)
         self.last_outcome = outcome
         return outcome.location
 
@@ -387,8 +425,29 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         self.queue: AsyncStoreCommitQueue = AsyncStoreCommitQueue(entries)
 
     async def _run(self, steps: Steps[T], base: str) -> T:
-        return await run_async(
-            _explained(steps, base, self.store, self.entries), self.store, self.entries
+        return await self._drive(_explained(steps, base, self.store, self.entries))
+
+    async def _drive(self, steps: Steps[T]) -> T:
+        return await run_async(steps, self.store, self.entries)
+
+    def commit_steps(
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+    ) -> Steps[CommitOutcome]:
+        """The steps :meth:`commit` drives: the sync handler's (:func:`handler_commit_steps`)."""
+        return handler_commit_steps(
+            self.store,
+            self.entries,
+            base,
+            version,
+            manifest,
+            scheme,
+            summary,
+            committer=self.committer,
         )
 
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
@@ -416,15 +475,8 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
         summary: TransactionSummary | None = None,
     ) -> ManifestLocation:
         """See :meth:`ExternalStoreCommitHandler.commit`."""
-        table = _table(base)
-        summary = _stamped(summary)
-        staged = await self._run(
-            claim_steps(
-                table, version, scheme, manifest, committer=self.committer, summary=summary
-            ),
-            base,
-        )
-        outcome = await self._run(finish_steps(staged, scheme), base)
+        steps = self.commit_steps(base, version, manifest, scheme, summary)
+        outcome = await self._drive(steps)
         self.last_outcome = outcome
         return outcome.location
 

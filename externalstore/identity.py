@@ -28,6 +28,7 @@ from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFo
 from lancetx.commit.format.listing import manifest_locations
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.sansio import Outcome, advance
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.errors import (
@@ -103,37 +104,35 @@ def guard_bucket(
     if bucket is None:
         return (yield from steps)
     collision: TableCollisionError | None = None
-    result: Any = None
-    error: BaseException | None = None
+    last = Outcome()
     while True:
         try:
-            effect = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            if collision is not None:
-                raise collision from None
-            return stop.value  # type: ignore[no-any-return]
+            running, effect = advance(steps, last)
         except LancetxError as exc:
             if collision is not None and exc is not collision:
                 raise collision from exc
             raise
+        if not running:
+            if collision is not None:
+                raise collision from None
+            return effect  # type: ignore[no-any-return]
         if isinstance(effect, ClaimEntry):
             effect = replace(effect, entry=replace(effect.entry, bucket=bucket))
         elif isinstance(effect, FlipEntry):
             effect = FlipEntry(replace(effect.entry, bucket=bucket), effect.expected_path)
         try:
-            result = yield effect
-            error = None
+            last = Outcome((yield effect))
         except LancetxError as exc:
-            result, error = None, exc
+            last = Outcome(error=exc)
             existing = getattr(exc, "existing", None)
             if isinstance(existing, ManifestEntry):
                 collision = collision or _collision(table, existing, bucket, dynamodb_table)
             continue
-        for entry in _read_entries(effect, result):
+        for entry in _read_entries(effect, last.value):
             found = _collision(table, entry, bucket, dynamodb_table)
             if found is not None:
                 collision = collision or found
-                result, error = None, found
+                last = Outcome(error=found)
                 break
 
 

@@ -37,10 +37,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from lancetx.commit import sansio
+from lancetx.commit.engine.effects import DeleteObject, GetObject, PutObject
 from lancetx.commit.errors import (
     CommitStateUnknownError,
     IdempotencyKeyCollisionError,
@@ -126,14 +128,8 @@ ONBOARD_PROBE_LIMIT = 1000
 
 
 # ---------------------------------------------------------------------------- effects
-
-
-@dataclass(frozen=True)
-class PutObject:
-    """Write an object (result: ObjectMeta)."""
-
-    key: str
-    data: bytes
+# The object effects are the engine's (PutObject: result ObjectMeta; GetObject;
+# DeleteObject): one vocabulary for an object read or write, whoever asks.
 
 
 @dataclass(frozen=True)
@@ -145,25 +141,8 @@ class CopyObject:
 
 
 @dataclass(frozen=True)
-class GetObject:
-    """Read a whole object (result: bytes). With ``kind`` (see
-    :mod:`lancetx.commit.storage.limits`) an object over that kind's cap is refused
-    before its body is read (ObjectTooLargeError)."""
-
-    key: str
-    kind: str | None = None
-
-
-@dataclass(frozen=True)
 class HeadObject:
     """Object metadata (result: ObjectMeta)."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class DeleteObject:
-    """Delete an object; missing is fine (result: None)."""
 
     key: str
 
@@ -259,7 +238,7 @@ Effect = (
     | LatestEntry
     | ListEntries
 )
-Steps = Generator[Effect, Any, T]
+Steps = sansio.Steps[Effect, T]
 
 
 class StoreInfo(Protocol):
@@ -1186,17 +1165,8 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
         LatestEntry: lambda e: entries.latest(e.base_uri),
         ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
     }
-    result: Any = None
-    error: LancetxError | None = None
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = handlers[type(effect)](effect), None
-        except LancetxError as exc:
-            result, error = None, exc
+    # LancetxError: the steps handle it; anything else leaves them where they stand.
+    return sansio.drive(steps, lambda e: handlers[type(e)](e), passes=LancetxError)
 
 
 async def run_async(
@@ -1226,17 +1196,7 @@ async def run_async(
         LatestEntry: lambda e: entries.latest(e.base_uri),
         ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
     }
-    result: Any = None
-    error: LancetxError | None = None
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = await handlers[type(effect)](effect), None
-        except LancetxError as exc:
-            result, error = None, exc
+    return await sansio.drive_async(steps, lambda e: handlers[type(e)](e), passes=LancetxError)
 
 
 def _listing(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, TypeVar
 
+from lancetx.commit.engine.effects import GetObject
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.manifest import decode_manifest
 from lancetx.commit.format.naming import (
@@ -59,7 +60,6 @@ from lancetx.externalstore.errors import (
 from lancetx.externalstore.identity import holds_manifests
 from lancetx.externalstore.protocol import (
     GetEntry,
-    GetObject,
     ListEntries,
     ListObjects,
     Steps,

@@ -39,6 +39,7 @@ from lancetx.commit.engine.committer import (
 from lancetx.commit.engine.unreferenced import may_delete
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.commit.handlers.interface import AsyncCommitHandler
+from lancetx.commit.sansio import drive_async
 from lancetx.committing import (
     Commit,
     CommitArgs,
@@ -52,6 +53,7 @@ from lancetx.committing import (
     discard,
     verb_steps,
 )
+from lancetx.committing import Effect as VerbEffect
 from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.connect import open_async_handler
 from lancetx.history import VersionInfo
@@ -168,31 +170,26 @@ async def _drive(
     handler: AsyncCommitHandler | None,
 ) -> CommitResult:
     conn = state.conn
+
+    async def perform(effect: VerbEffect) -> Any:
+        if isinstance(effect, FindKey):
+            return await asyncio.to_thread(
+                state.find_idempotency_key, effect.key, since=effect.since
+            )
+        if isinstance(effect, LoadLatest):
+            return await _load_latest(state, handler)
+        if isinstance(effect, RunPlan):
+            return await asyncio.to_thread(effect.plan, effect.ctx)
+        if isinstance(effect, Commit):
+            return await _commit(state, handler, effect)
+        if isinstance(effect, Discard):
+            await _discard(conn.handler.store, effect)
+        return None
+
+    # BaseException: thrown into the steps, which decide (an interrupt keeps the files).
     steps = verb_steps(state, plan, args, flags)
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(send)
-        except StopIteration as done:
-            result: CommitResult = done.value
-            return result
-        send, error = None, None
-        try:
-            if isinstance(effect, FindKey):
-                send = await asyncio.to_thread(
-                    state.find_idempotency_key, effect.key, since=effect.since
-                )
-            elif isinstance(effect, LoadLatest):
-                send = await _load_latest(state, handler)
-            elif isinstance(effect, RunPlan):
-                send = await asyncio.to_thread(effect.plan, effect.ctx)
-            elif isinstance(effect, Commit):
-                send = await _commit(state, handler, effect)
-            elif isinstance(effect, Discard):
-                await _discard(conn.handler.store, effect)
-        except BaseException as exc:  # thrown into the steps, which decide
-            error = exc
+    result: CommitResult = await drive_async(steps, perform, passes=BaseException)
+    return result
 
 
 async def _discard(store: Any, effect: Discard) -> None:

@@ -52,6 +52,7 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.commit.sansio import drive
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
 from lancetx.externalstore.connect import scheme_of
@@ -521,41 +522,32 @@ def _follow_up(
 def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) -> CommitResult:
     """Plan and commit one verb (see the module docstring), synchronously."""
     conn = state.conn
-    steps = verb_steps(state, plan, args, flags)
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(send)
-        except StopIteration as done:
-            result: CommitResult = done.value
-            return result
-        send, error = None, None
-        try:
-            if isinstance(effect, FindKey):
-                send = state.find_idempotency_key(effect.key, since=effect.since)
-            elif isinstance(effect, LoadLatest):
-                send = load_parent(conn.handler, conn.base)
-            elif isinstance(effect, RunPlan):
-                send = effect.plan(effect.ctx)
-            elif isinstance(effect, Commit):
-                send = commit_transaction(
-                    conn.handler,
-                    conn.base,
-                    effect.txn,
-                    parent=effect.parent,
-                    options=effect.options,
-                )
-            else:
-                discard(
-                    conn.handler.store,
-                    effect.keys,
-                    effect.error,
-                    claim=effect.claim,
-                    callers=effect.callers,
-                )
-        except BaseException as exc:  # thrown into the steps, which decide
-            error = exc
+
+    def perform(effect: Effect) -> Any:
+        if isinstance(effect, FindKey):
+            return state.find_idempotency_key(effect.key, since=effect.since)
+        if isinstance(effect, LoadLatest):
+            return load_parent(conn.handler, conn.base)
+        if isinstance(effect, RunPlan):
+            return effect.plan(effect.ctx)
+        if isinstance(effect, Commit):
+            return commit_transaction(
+                conn.handler, conn.base, effect.txn, parent=effect.parent, options=effect.options
+            )
+        discard(
+            conn.handler.store,
+            effect.keys,
+            effect.error,
+            claim=effect.claim,
+            callers=effect.callers,
+        )
+        return None
+
+    # BaseException: thrown into the steps, which decide (an interrupt keeps the files).
+    result: CommitResult = drive(
+        verb_steps(state, plan, args, flags), perform, passes=BaseException
+    )
+    return result
 
 
 def result_of(committed: Committed, plans: int) -> CommitResult:

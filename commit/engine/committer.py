@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from lancetx.commit.engine import contention
 from lancetx.commit.engine.builder import build_manifest
@@ -70,6 +70,7 @@ from lancetx.commit.engine.conflicts import (
 from lancetx.commit.engine.effects import (
     ClaimVersion,
     DeleteObject,
+    Effect,
     Gather,
     Names,
     PutObject,
@@ -133,6 +134,7 @@ from lancetx.commit.format.manifest import (
 from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
+from lancetx.commit.sansio import relay
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -356,24 +358,16 @@ class _Counter:
 
     def wrap(self, steps: Steps[T]) -> Steps[T]:
         """``steps``, re-yielding each effect and counting it."""
-        result: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = steps.throw(error) if error is not None else steps.send(result)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+
+        def count(effect: Effect) -> Effect:
             if isinstance(effect, Gather):
-                effect = Gather([self.wrap(s) for s in effect.steps], effect.limit)
-            elif not isinstance(effect, Sleep):
+                return Gather([self.wrap(s) for s in effect.steps], effect.limit)
+            if not isinstance(effect, Sleep):
                 self._tick()
-            try:
-                result, error = (yield effect), None
-            except GeneratorExit:
-                steps.close()
-                raise
-            except BaseException as exc:  # forwarded: the steps decide (or record and re-raise)
-                result, error = None, exc
+            return effect
+
+        # Every error is forwarded: the steps decide (or record and re-raise).
+        return relay(steps, count, passes=BaseException)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.location import ManifestLocation, TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.sansio import Outcome, drive, drive_async
 from lancetx.commit.storage.limits import read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
@@ -71,7 +72,7 @@ class GetTail:
 
 @dataclass(frozen=True)
 class PutObject:
-    """Write (or overwrite) an object (result: ignored)."""
+    """Write (or overwrite) an object (result: its ObjectMeta)."""
 
     key: str
     data: bytes
@@ -223,31 +224,11 @@ class Names(Protocol):
 # --------------------------------------------------------------------- drivers
 
 
-class _Outcome:
-    """A result or an error, to carry either across a thread or task boundary."""
-
-    __slots__ = ("error", "value")
-
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value = value
-        self.error = error
-
-
-def _gathered(outcomes: Sequence[_Outcome]) -> _Outcome:
+def _gathered(outcomes: Sequence[Outcome]) -> Outcome:
     for outcome in outcomes:
         if outcome.error is not None:
             return outcome
-    return _Outcome([o.value for o in outcomes])
-
-
-def _advance(steps: Steps[T], last: _Outcome) -> tuple[bool, Any]:
-    """Send ``last`` into ``steps``: (True, next effect) or (False, the steps' return value)."""
-    try:
-        if last.error is not None:
-            return True, steps.throw(last.error)
-        return True, steps.send(last.value)
-    except StopIteration as stop:
-        return False, stop.value
+    return Outcome([o.value for o in outcomes])
 
 
 #: Threads of the shared pool that runs Gather's sub-steps for the sync driver.
@@ -267,8 +248,8 @@ def _shared_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def _in_pool_thread(fn: Callable[[Any], _Outcome]) -> Callable[[Any], _Outcome]:
-    def marked(arg: Any) -> _Outcome:
+def _in_pool_thread(fn: Callable[[Any], Outcome]) -> Callable[[Any], Outcome]:
+    def marked(arg: Any) -> Outcome:
         _in_pool.active = True
         try:
             return fn(arg)
@@ -331,35 +312,26 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return queue.end_turn(base, ticket, claimed) if queue is not None else None
         raise TypeError(f"unknown effect {effect!r}")
 
-    def one(sub: Steps[Any]) -> _Outcome:
+    def one(sub: Steps[Any]) -> Outcome:
         try:
-            return _Outcome(_run_with(sub, store, handler))
+            return Outcome(_run_with(sub, store, handler))
         except LancetxError as exc:
-            return _Outcome(error=exc)
+            return Outcome(error=exc)
 
-    def _gather_threads(subs: Sequence[Steps[Any]], limit: int) -> _Outcome:
+    def _gather_threads(subs: Sequence[Steps[Any]], limit: int) -> Outcome:
         if len(subs) <= 1 or limit <= 1 or getattr(_in_pool, "active", False):
             # Sequential inside a pool thread: a nested Gather must not wait for
             # workers that are all busy running its parents.
             return _gathered([one(sub) for sub in subs])
         pool = _shared_pool()
-        outcomes: list[_Outcome] = []
+        outcomes: list[Outcome] = []
         # At most ``limit`` at once: submit in windows of ``limit``.
         for lo in range(0, len(subs), limit):
             outcomes += list(pool.map(_in_pool_thread(one), subs[lo : lo + limit]))
         return _gathered(outcomes)
 
-    last = _Outcome()
-    while True:
-        running, effect = _advance(steps, last)
-        if not running:
-            return effect  # type: ignore[no-any-return]
-        try:
-            result = perform(effect)
-        except BaseException as exc:  # the steps record what it interrupted, then re-raise
-            last = _Outcome(error=exc)
-            continue
-        last = result if isinstance(result, _Outcome) else _Outcome(result)
+    # BaseException: the steps record what it interrupted, then re-raise.
+    return drive(steps, perform, passes=BaseException)
 
 
 async def _nothing() -> None:
@@ -390,33 +362,24 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         Sleep: lambda e: asyncio.sleep(e.seconds),
     }
 
-    async def one(sub: Steps[Any], gate: asyncio.Semaphore) -> _Outcome:
+    async def one(sub: Steps[Any], gate: asyncio.Semaphore) -> Outcome:
         async with gate:
             try:
-                return _Outcome(await run_async(sub, handler))
+                return Outcome(await run_async(sub, handler))
             except LancetxError as exc:
-                return _Outcome(error=exc)
+                return Outcome(error=exc)
 
-    last = _Outcome()
-    while True:
-        running, effect = _advance(steps, last)
-        if not running:
-            return effect  # type: ignore[no-any-return]
+    async def perform(effect: Effect) -> Any:
         if isinstance(effect, WithStore):
             blocking = _BlockingStore(store, asyncio.get_running_loop())
-            try:
-                last = _Outcome(await asyncio.to_thread(effect.fn, blocking))
-            except BaseException as exc:  # the steps record what it interrupted, then re-raise
-                last = _Outcome(error=exc)
-            continue
+            return await asyncio.to_thread(effect.fn, blocking)
         if isinstance(effect, Gather):
             gate = asyncio.Semaphore(max(1, effect.limit))
-            last = _gathered(await asyncio.gather(*(one(sub, gate) for sub in effect.steps)))
-            continue
-        try:
-            last = _Outcome(await performers[type(effect)](effect))
-        except BaseException as exc:  # the steps record what it interrupted, then re-raise
-            last = _Outcome(error=exc)
+            return _gathered(await asyncio.gather(*(one(sub, gate) for sub in effect.steps)))
+        return await performers[type(effect)](effect)
+
+    # BaseException: the steps record what it interrupted, then re-raise.
+    return await drive_async(steps, perform, passes=BaseException)
 
 
 class _BlockingStore(ObjectStore):

@@ -56,8 +56,8 @@ from typing import Any
 from lancetx.commit.handlers.queue import Turns
 from lancetx.externalstore.dynamodb.plans import (
     ApiCall,
-    Plan,
-    PlanContext,
+    RequestContext,
+    Requests,
     _ConditionFailed,
     call_plan,
     key_of,
@@ -107,7 +107,7 @@ def _turns(item: Mapping[str, Any] | None) -> Turns:
     )
 
 
-def take_ticket_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
+def take_ticket_plan(ctx: RequestContext, base_uri: str) -> Requests[Turns]:
     """One UpdateItem: the next ticket (``issued``) and the current ``served``."""
     params = {
         "TableName": ctx.table,
@@ -123,7 +123,7 @@ def take_ticket_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
     return _turns(response.get("Attributes"))
 
 
-def read_turns_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
+def read_turns_plan(ctx: RequestContext, base_uri: str) -> Requests[Turns]:
     """One consistent GetItem of the queue item (an absent item is an empty queue)."""
     params = {"TableName": ctx.table, "Key": _key(base_uri), "ConsistentRead": True}
     response = yield from call_plan(ctx, ApiCall("GetItem", params))
@@ -131,8 +131,8 @@ def read_turns_plan(ctx: PlanContext, base_uri: str) -> Plan[Turns]:
 
 
 def end_turn_plan(
-    ctx: PlanContext, base_uri: str, ticket: int, version: int | None = None
-) -> Plan[None]:
+    ctx: RequestContext, base_uri: str, ticket: int, version: int | None = None
+) -> Requests[None]:
     """One UpdateItem raising ``served`` to ``ticket`` (never lowering it), with the
     version its holder claimed, if it did (the next holder watches for a newer one)."""
     names = {"#served": SERVED, "#served_at": SERVED_AT}

@@ -11,52 +11,41 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lancetx.externalstore.dynamodb.plans import METHODS, Plan, Sleep
+from lancetx.commit.sansio import drive, drive_async
+from lancetx.externalstore.dynamodb.plans import METHODS, Requests, Sleep, Step
 
 __all__ = ["run_plan", "run_plan_async"]
 
 T = TypeVar("T")
 
+#: What a plan is given back: botocore's errors, which the plan translates; anything
+#: else (a bug, an interrupt, even in a sleep) leaves the plan where it stands.
+_BOTOCORE = (ClientError, BotoCoreError)
 
-def run_plan(client: Any, plan: Plan[T], sleep: Callable[[float], None] = time.sleep) -> T:
+
+def run_plan(client: Any, plan: Requests[T], sleep: Callable[[float], None] = time.sleep) -> T:
     """Drive ``plan`` with a boto3 client: the only blocking I/O of the sync store."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = plan.throw(error) if error is not None else plan.send(value)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        value, error = None, None
+
+    def perform(step: Step) -> Any:
         if isinstance(step, Sleep):
-            sleep(step.seconds)
-            continue
-        try:
-            value = getattr(client, METHODS[step.operation])(**step.params)
-        except (ClientError, BotoCoreError) as exc:
-            error = exc
+            return sleep(step.seconds)
+        return getattr(client, METHODS[step.operation])(**step.params)
+
+    return drive(plan, perform, passes=_BOTOCORE)
 
 
 async def run_plan_async(
-    client: Any, plan: Plan[T], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    client: Any, plan: Requests[T], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 ) -> T:
     """Drive ``plan`` with an aiobotocore client: the only I/O of the async store."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = plan.throw(error) if error is not None else plan.send(value)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        value, error = None, None
+
+    async def perform(step: Step) -> Any:
         if isinstance(step, Sleep):
-            await sleep(step.seconds)
-            continue
-        try:
-            value = await getattr(client, METHODS[step.operation])(**step.params)
-        except (ClientError, BotoCoreError) as exc:
-            error = exc
+            return await sleep(step.seconds)
+        return await getattr(client, METHODS[step.operation])(**step.params)
+
+    return await drive_async(plan, perform, passes=_BOTOCORE)

@@ -2,7 +2,8 @@
 
 Every operation is a *plan*, a generator that yields :class:`ApiCall` (perform this
 DynamoDB request and send me the response, or throw the botocore exception into me)
-and :class:`Sleep` steps, and returns the result. Plans hold all request building,
+and :class:`~lancetx.commit.engine.effects.Sleep` steps, and returns the result (the
+type of such steps: :data:`Requests`; the settings every plan reads: :class:`RequestContext`). Plans hold all request building,
 response parsing, pagination, retries and ambiguity resolution;
 :mod:`.drivers` performs their I/O, so the sync and async stores share everything
 else. The item layout and where it differs from Lance: :mod:`lancetx.externalstore.dynamodb`.
@@ -11,12 +12,14 @@ else. The item layout and where it differs from Lance: :mod:`lancetx.externalsto
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lancetx.commit import sansio
+from lancetx.commit.engine.effects import Sleep
 from lancetx.commit.errors import IdempotencyKeyCollisionError
 from lancetx.commit.format.location import TransactionSummary
 from lancetx.externalstore import base as _base
@@ -56,8 +59,8 @@ __all__ = [
     "MAX_TRANSACT_ITEMS",
     "METHODS",
     "ApiCall",
-    "Plan",
-    "PlanContext",
+    "RequestContext",
+    "Requests",
     "Sleep",
     "TableInfo",
     "call_plan",
@@ -107,15 +110,10 @@ class ApiCall:
     params: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Sleep:
-    """A plan step: wait ``seconds`` before the next step."""
-
-    seconds: float
-
-
+# A plan's wait is the engine's Sleep: one effect for "wait", whoever waits.
 Step = ApiCall | Sleep
-Plan = Generator[Step, Any, T]
+#: A request plan: steps yielding DynamoDB requests (and waits), returning ``T``.
+Requests = sansio.Steps[Step, T]
 
 #: API operation → client method name (boto3 and aiobotocore).
 METHODS = {
@@ -333,7 +331,7 @@ class _ConditionFailed(Exception):
 
 
 @dataclass
-class PlanContext:
+class RequestContext:
     """What every plan needs: the table, where it is (for messages), the retry
     policy, a jitter source and how many items per Query page."""
 
@@ -349,8 +347,8 @@ class PlanContext:
 
 
 def call_plan(
-    ctx: PlanContext, call: ApiCall, *, write: bool = False, entry: ManifestEntry | None = None
-) -> Plan[Any]:
+    ctx: RequestContext, call: ApiCall, *, write: bool = False, entry: ManifestEntry | None = None
+) -> Requests[Any]:
     """Perform ``call`` with retries. Raises our errors on failure, or
     :class:`_ConditionFailed` (with the attempt history) on a condition failure.
     ``entry`` is what a write writes, for AmbiguousWriteError."""
@@ -378,7 +376,7 @@ def call_plan(
         return response
 
 
-def describe_plan(ctx: PlanContext) -> Plan[dict[str, Any]]:
+def describe_plan(ctx: RequestContext) -> Requests[dict[str, Any]]:
     """DescribeTable → the ``Table`` description. Raises DynamoDBTableNotFoundError."""
     response = yield from call_plan(ctx, ApiCall("DescribeTable", {"TableName": ctx.table}))
     table = response.get("Table")
@@ -387,15 +385,15 @@ def describe_plan(ctx: PlanContext) -> Plan[dict[str, Any]]:
     return cast("dict[str, Any]", table)
 
 
-def validate_plan(ctx: PlanContext) -> Plan[TableInfo]:
+def validate_plan(ctx: RequestContext) -> Requests[TableInfo]:
     """DescribeTable and check the layout. Raises DynamoDBTableNotFoundError / DynamoDBTableSchemaError."""
     description = yield from describe_plan(ctx)
     return check_table_description(description, ctx.target)
 
 
 def _get_optional_plan(
-    ctx: PlanContext, base_uri: str, version: int, operation: str
-) -> Plan[ManifestEntry | None]:
+    ctx: RequestContext, base_uri: str, version: int, operation: str
+) -> Requests[ManifestEntry | None]:
     response = yield from call_plan(
         ctx,
         ApiCall(
@@ -407,7 +405,7 @@ def _get_optional_plan(
     return entry_from_item(item, ctx.target, operation) if item else None
 
 
-def get_plan(ctx: PlanContext, base_uri: str, version: int) -> Plan[ManifestEntry]:
+def get_plan(ctx: RequestContext, base_uri: str, version: int) -> Requests[ManifestEntry]:
     """Consistent GetItem. Raises EntryNotFoundError."""
     entry = yield from _get_optional_plan(ctx, base_uri, version, "GetItem")
     if entry is None:
@@ -416,8 +414,8 @@ def get_plan(ctx: PlanContext, base_uri: str, version: int) -> Plan[ManifestEntr
 
 
 def batch_get_plan(
-    ctx: PlanContext, keys: Sequence[Mapping[str, Any]]
-) -> Plan[list[dict[str, Any] | None]]:
+    ctx: RequestContext, keys: Sequence[Mapping[str, Any]]
+) -> Requests[list[dict[str, Any] | None]]:
     """The items at ``keys`` (None where there is none), read consistently in one
     BatchGetItem (up to 100 keys); keys DynamoDB leaves unprocessed (throttling) are
     asked for again after our backoff. Raises ThrottledError when they stay unprocessed."""
@@ -449,7 +447,7 @@ def batch_get_plan(
     return [by_key.get(key_values(key)) for key in keys]
 
 
-def latest_plan(ctx: PlanContext, base_uri: str) -> Plan[ManifestEntry | None]:
+def latest_plan(ctx: RequestContext, base_uri: str) -> Requests[ManifestEntry | None]:
     """Consistent Query, newest first, Limit 1 (Lance's read of the latest version)."""
     _check_base_uri(base_uri)
     params = {
@@ -465,7 +463,9 @@ def latest_plan(ctx: PlanContext, base_uri: str) -> Plan[ManifestEntry | None]:
     return entry_from_item(items[0], ctx.target, "Query") if items else None
 
 
-def _query_pages_plan(ctx: PlanContext, params: dict[str, Any]) -> Plan[list[dict[str, Any]]]:
+def _query_pages_plan(
+    ctx: RequestContext, params: dict[str, Any]
+) -> Requests[list[dict[str, Any]]]:
     items: list[dict[str, Any]] = []
     start_key: dict[str, Any] | None = None
     while True:
@@ -481,7 +481,7 @@ def _query_pages_plan(ctx: PlanContext, params: dict[str, Any]) -> Plan[list[dic
             return items
 
 
-def list_plan(ctx: PlanContext, base_uri: str, since: int = 0) -> Plan[list[ManifestEntry]]:
+def list_plan(ctx: RequestContext, base_uri: str, since: int = 0) -> Requests[list[ManifestEntry]]:
     """Entries with version > ``since``, ascending (paginated consistent Query)."""
     _check_base_uri(base_uri)
     params = {
@@ -498,7 +498,7 @@ def list_plan(ctx: PlanContext, base_uri: str, since: int = 0) -> Plan[list[Mani
     return [entry_from_item(item, ctx.target, "Query") for item in items]
 
 
-def put_if_not_exists_plan(ctx: PlanContext, entry: ManifestEntry) -> Plan[None]:
+def put_if_not_exists_plan(ctx: RequestContext, entry: ManifestEntry) -> Requests[None]:
     """Conditional PutItem claiming ``entry.version``; see ExternalManifestStore.put_if_not_exists."""
     params = {
         "TableName": ctx.table,
@@ -568,8 +568,8 @@ _TRANSIENT_CANCELLATIONS = frozenset(
 
 
 def put_all_if_not_exists_plan(
-    ctx: PlanContext, entries: list[ManifestEntry], request_token: str
-) -> Plan[None]:
+    ctx: RequestContext, entries: list[ManifestEntry], request_token: str
+) -> Requests[None]:
     """One TransactWriteItems of conditional Puts (Lance's claim condition on
     every item): all versions claimed or none; see
     ExternalManifestStore.put_all_if_not_exists.
@@ -649,8 +649,8 @@ def put_all_if_not_exists_plan(
 
 
 def _get_key_item_plan(
-    ctx: PlanContext, base_uri: str, key: str, operation: str
-) -> Plan[KeyRecord | None]:
+    ctx: RequestContext, base_uri: str, key: str, operation: str
+) -> Requests[KeyRecord | None]:
     slot = _base.key_slot(key)
     response = yield from call_plan(
         ctx,
@@ -667,7 +667,7 @@ def _get_key_item_plan(
     return key_from_item(item, base_uri, ctx.target, operation) if item else None
 
 
-def get_key_plan(ctx: PlanContext, base_uri: str, key: str) -> Plan[KeyRecord | None]:
+def get_key_plan(ctx: RequestContext, base_uri: str, key: str) -> Requests[KeyRecord | None]:
     """Consistent GetItem of ``key``'s item; see ExternalManifestStore.get_key."""
     found = yield from _get_key_item_plan(ctx, base_uri, key, "GetItem")
     if found is not None and found.key != key:
@@ -678,8 +678,8 @@ def get_key_plan(ctx: PlanContext, base_uri: str, key: str) -> Plan[KeyRecord | 
 
 
 def put_with_key_if_not_exists_plan(
-    ctx: PlanContext, entry: ManifestEntry, key: KeyRecord
-) -> Plan[None]:
+    ctx: RequestContext, entry: ManifestEntry, key: KeyRecord
+) -> Requests[None]:
     """One TransactWriteItems claiming ``entry.version`` and ``key`` (both Puts with
     Lance's claim condition); see ExternalManifestStore.put_with_key_if_not_exists.
 
@@ -746,12 +746,12 @@ def put_with_key_if_not_exists_plan(
 
 
 def _key_claim_refused(
-    ctx: PlanContext,
+    ctx: RequestContext,
     entry: ManifestEntry,
     key: KeyRecord,
     reasons: Sequence[Mapping[str, Any]],
     ambiguous: bool,
-) -> Plan[ExternalStoreError | None]:
+) -> Requests[ExternalStoreError | None]:
     """What a cancelled keyed claim means: None if it is our own landed write, else
     the error to raise (KeyExistsError when the key is taken, EntryExistsError when
     only the version is; AmbiguousWriteError when the items cannot be read back)."""
@@ -803,8 +803,8 @@ def _key_claim_refused(
 
 
 def put_if_exists_plan(
-    ctx: PlanContext, entry: ManifestEntry, expected_path: str | None
-) -> Plan[ManifestEntry | None]:
+    ctx: RequestContext, entry: ManifestEntry, expected_path: str | None
+) -> Requests[ManifestEntry | None]:
     """Conditional PutItem replacing an existing entry; see ExternalManifestStore.put_if_exists."""
     params: dict[str, Any] = {
         "TableName": ctx.table,
@@ -832,7 +832,7 @@ def put_if_exists_plan(
     raise EntryMismatchError(action, resource, entry, expected_path, existing)
 
 
-def delete_all_plan(ctx: PlanContext, base_uri: str) -> Plan[None]:
+def delete_all_plan(ctx: RequestContext, base_uri: str) -> Requests[None]:
     """Delete every entry of ``base_uri`` and its key items: paginated key Queries
     (the table's partition, then its key partition), then DeleteItem per item (the
     IAM actions Lance already needs; BatchWriteItem would add one)."""
@@ -871,8 +871,8 @@ def create_table_request(table: str) -> dict[str, Any]:
 
 
 def create_table_plan(
-    ctx: PlanContext, *, wait: bool = True, timeout: float = 120.0
-) -> Plan[TableInfo]:
+    ctx: RequestContext, *, wait: bool = True, timeout: float = 120.0
+) -> Requests[TableInfo]:
     """Create the table if absent; wait until ACTIVE; validate its layout.
 
     Safe when processes race: losing (ResourceInUseException) means someone

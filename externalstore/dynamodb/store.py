@@ -31,8 +31,8 @@ from lancetx.externalstore.dynamodb.config import (
 from lancetx.externalstore.dynamodb.drivers import run_plan
 from lancetx.externalstore.dynamodb.plans import (
     MAX_TRANSACT_ITEMS,
-    Plan,
-    PlanContext,
+    RequestContext,
+    Requests,
     TableInfo,
     batch_get_plan,
     create_table_plan,
@@ -129,7 +129,7 @@ def create_table(
     race (the losers wait for the winner's table). Raises DynamoDBTableSchemaError if
     a table of that name exists with another layout.
     """
-    ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
+    ctx = RequestContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
     if info.status == "ACTIVE":  # it may be another lancetx's table: same check as opening
         check_stamp(client, name)
@@ -169,7 +169,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
         self.client = client
         warn_if_sdk_retries(client)
         self.table_name = table_name
-        self._ctx = PlanContext(
+        self._ctx = RequestContext(
             target_of(client, table_name),
             retry=retry or DYNAMODB_RETRY,
             committer=committer,
@@ -215,7 +215,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
         """Table, region, endpoint and (after validation) ARN."""
         return self._ctx.target
 
-    def _run(self, plan: Plan[T]) -> T:
+    def _run(self, plan: Requests[T]) -> T:
         try:
             return run_plan(self.client, plan, self._sleep)
         except InvalidRequestError as exc:
@@ -228,7 +228,7 @@ class DynamoDBManifestStore(ExternalManifestStore):
             self._explain_rejection(exc)
             raise
 
-    def _write(self, plan: Plan[T]) -> T:
+    def _write(self, plan: Requests[T]) -> T:
         check = self._write_check
         if check is None or check.passed:
             return self._run(plan)

@@ -39,8 +39,8 @@ from lancetx.externalstore.dynamodb.config import (
 from lancetx.externalstore.dynamodb.drivers import run_plan_async
 from lancetx.externalstore.dynamodb.plans import (
     MAX_TRANSACT_ITEMS,
-    Plan,
-    PlanContext,
+    RequestContext,
+    Requests,
     TableInfo,
     batch_get_plan,
     create_table_plan,
@@ -143,7 +143,7 @@ async def create_table_async(
     retry: RetryPolicy | None = None,
 ) -> TableInfo:
     """Async :func:`lancetx.externalstore.dynamodb.store.create_table`."""
-    ctx = PlanContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
+    ctx = RequestContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = await run_plan_async(client, create_table_plan(ctx, wait=wait, timeout=timeout))
     remember_validation(ctx.target, info)
     return info
@@ -172,7 +172,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         self.client = client
         warn_if_sdk_retries(client)
         self.table_name = table_name
-        self._ctx = PlanContext(
+        self._ctx = RequestContext(
             target_of(client, table_name),
             retry=retry or DYNAMODB_RETRY,
             committer=committer,
@@ -206,7 +206,7 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
         """Table, region, endpoint and (after validation) ARN."""
         return self._ctx.target
 
-    async def _run(self, plan: Plan[T]) -> T:
+    async def _run(self, plan: Requests[T]) -> T:
         if self._validate and self.table_info is None:
             await self.validate()
         return await run_plan_async(self.client, plan, self._sleep)

@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
 from lancetx.externalstore.dynamodb.config import target_of
 from lancetx.externalstore.dynamodb.drivers import run_plan, run_plan_async
-from lancetx.externalstore.dynamodb.plans import ApiCall, Plan, PlanContext, call_plan
+from lancetx.externalstore.dynamodb.plans import ApiCall, RequestContext, Requests, call_plan
 from lancetx.externalstore.errors import CONDITION_FAILED_CODE, StoreSchemaTooNewError
 
 #: The reserved item's hash key.
@@ -52,7 +52,7 @@ def stamp_of(item: Mapping[str, Any] | None) -> int | None:
     return int(raw) if raw is not None else None
 
 
-def read_stamp_plan(ctx: PlanContext) -> Plan[int | None]:
+def read_stamp_plan(ctx: RequestContext) -> Requests[int | None]:
     """The stamped layout (consistent GetItem), as a plan for either driver; None if unstamped."""
     params = {"TableName": ctx.table, "Key": stamp_key(), "ConsistentRead": True}
     response = yield from call_plan(ctx, ApiCall("GetItem", params))
@@ -61,7 +61,7 @@ def read_stamp_plan(ctx: PlanContext) -> Plan[int | None]:
 
 def read_stamp(client: Any, table: str) -> int | None:
     """The stamped layout of ``table`` (consistent GetItem); None if unstamped."""
-    return run_plan(client, read_stamp_plan(PlanContext(target_of(client, table))))
+    return run_plan(client, read_stamp_plan(RequestContext(target_of(client, table))))
 
 
 def write_stamp(client: Any, table: str, schema_version: int) -> None:
@@ -121,7 +121,7 @@ def check_stamp(client: Any, table: str) -> int | None:
 
 
 def check_stamp_with(
-    client: Any, table: str, run: Callable[[Plan[int | None]], int | None]
+    client: Any, table: str, run: Callable[[Requests[int | None]], int | None]
 ) -> int | None:
     """:func:`check_stamp`, the read performed by ``run`` (e.g. a store's driver, which
     explains a rejected request by the table's layout)."""
@@ -130,7 +130,7 @@ def check_stamp_with(
         cached = key in _CHECKED
         found = _CHECKED.get(key)
     if not cached:
-        found = run(read_stamp_plan(PlanContext(target_of(client, table))))
+        found = run(read_stamp_plan(RequestContext(target_of(client, table))))
         with _LOCK:
             _CHECKED[key] = found
     return _refuse_newer(table, found)
@@ -143,7 +143,9 @@ async def check_stamp_async(client: Any, table: str) -> int | None:
         cached = key in _CHECKED
         found = _CHECKED.get(key)
     if not cached:
-        found = await run_plan_async(client, read_stamp_plan(PlanContext(target_of(client, table))))
+        found = await run_plan_async(
+            client, read_stamp_plan(RequestContext(target_of(client, table)))
+        )
         with _LOCK:
             _CHECKED[key] = found
     return _refuse_newer(table, found)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.location import ManifestLocation
+from lancetx.commit.sansio import relay
 from lancetx.externalstore.protocol import ClaimEntry, Effect, Steps, backfill_steps, onboard_steps
 from lancetx.ops.inventory import Progress, list_versions_folder, no_progress
 from lancetx.ops.table import OpsTable
@@ -38,18 +39,13 @@ class OnboardReport:
 
 def _observed(steps: Steps[T], on_effect: Callable[[Effect], None]) -> Steps[T]:
     """``steps`` unchanged, telling ``on_effect`` about each effect (for progress)."""
-    result: Any = None
-    error: LancetxError | None = None
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+
+    def observe(effect: Effect) -> Effect:
         on_effect(effect)
-        try:
-            result, error = (yield effect), None
-        except LancetxError as exc:
-            result, error = None, exc
+        return effect
+
+    # LancetxError, as the protocol's driver passes: the steps handle it.
+    return relay(steps, observe, passes=LancetxError)
 
 
 def onboard_table(

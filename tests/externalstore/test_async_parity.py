@@ -55,7 +55,6 @@ from lancetx.externalstore.connect import connect
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
-from lancetx.externalstore.protocol import Table, commit_steps
 
 PLAIN_ROWS = 5
 
@@ -399,7 +398,7 @@ def test_crash_after_staging_claims_nothing(kind: str, env: Env) -> None:
     _, survivor = real_manifest(env, "survivor")
 
     async def scenario(side: ParitySide, env: Env) -> None:
-        steps = commit_steps(Table(BASE, BASE), 2, V2, crashed)
+        steps = side.handler.commit_steps(BASE, 2, crashed, V2)
         with pytest.raises(Crash):
             await side.run(crash_after(steps, BOUNDARIES["after_stage"]))
         (orphan,) = env.staged()
@@ -424,7 +423,7 @@ def test_crash_after_the_flip_is_committed_and_final(kind: str, env: Env) -> Non
     _, crashed = real_manifest(env, "crashed")
 
     async def scenario(side: ParitySide, env: Env) -> None:
-        steps = commit_steps(Table(BASE, BASE), 2, V2, crashed)
+        steps = side.handler.commit_steps(BASE, 2, crashed, V2)
         with pytest.raises(Crash):
             await side.run(crash_after(steps, BOUNDARIES["after_flip"]))
         (leftover,) = env.staged()

@@ -57,8 +57,6 @@ from lancetx.externalstore.errors import (
 from lancetx.externalstore.protocol import (
     CommitOutcome,
     Steps,
-    Table,
-    commit_steps,
     run,
     run_async,
 )
@@ -269,7 +267,7 @@ def test_reader_finalizes_after_a_crash_after_the_claim(kind: str, env: Env) -> 
     _, manifest = real_manifest(env, "crashed")
 
     async def scenario(side: Side, env: Env) -> None:
-        steps = commit_steps(Table(BASE, BASE), 2, V2, manifest)
+        steps = side.handler.commit_steps(BASE, 2, manifest, V2)
         with pytest.raises(Crash):
             await side.run(crash_after(steps, BOUNDARIES["after_claim"]))
         assert env.item(2)["path"]["S"] in env.staged()
@@ -290,7 +288,7 @@ def test_pylance_reads_a_version_we_left_staged(kind: str, env: Env) -> None:
     _, manifest = real_manifest(env, "crashed")
 
     async def scenario(side: Side, env: Env) -> None:
-        steps = commit_steps(Table(BASE, BASE), 2, V2, manifest)
+        steps = side.handler.commit_steps(BASE, 2, manifest, V2)
         with pytest.raises(Crash):
             await side.run(crash_after(steps, BOUNDARIES["after_claim"]))
 
@@ -303,7 +301,7 @@ def test_pylance_reads_a_version_we_left_staged(kind: str, env: Env) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_staged_missing_falls_back_to_the_final_object(kind: str, env: Env) -> None:
     async def scenario(side: Side, env: Env) -> None:
-        steps = commit_steps(Table(BASE, BASE), 2, V2, b"copied")
+        steps = side.handler.commit_steps(BASE, 2, b"copied", V2)
         with pytest.raises(Crash):
             await side.run(crash_after(steps, BOUNDARIES["after_copy"]))
         (staged,) = env.staged()
@@ -318,7 +316,7 @@ def test_staged_missing_falls_back_to_the_final_object(kind: str, env: Env) -> N
 @pytest.mark.parametrize("kind", KINDS)
 def test_staged_and_final_missing_is_manifest_missing(kind: str, env: Env) -> None:
     async def scenario(side: Side, env: Env) -> None:
-        steps = commit_steps(Table(BASE, BASE), 2, V2, b"lost")
+        steps = side.handler.commit_steps(BASE, 2, b"lost", V2)
         with pytest.raises(Crash):
             await side.run(crash_after(steps, BOUNDARIES["after_claim"]))
         (staged,) = env.staged()

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 from protocol_helpers import (
     BOUNDARIES,
     COMMIT_EFFECTS,
+    CRASH_POINTS,
     Crash,
     CrashingHandler,
     FaultyObjectStore,
@@ -62,10 +63,11 @@ from lancetx.commit.errors import (
 )
 from lancetx.commit.format.listing import list_manifest_locations
 from lancetx.commit.format.naming import NamingScheme, manifest_key
+from lancetx.commit.sansio import Outcome, advance
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.externalstore.base import ManifestEntry
-from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler, handler_commit_steps
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
@@ -88,7 +90,6 @@ from lancetx.externalstore.protocol import (
     LatestEntry,
     Steps,
     Table,
-    commit_steps,
     final_key_of,
     resolve_steps,
     run,
@@ -152,17 +153,24 @@ def local(tmp_path: Any) -> LocalTable:
     return table
 
 
-@pytest.mark.parametrize("boundary", list(BOUNDARIES))
+def test_the_crash_points_are_the_effects_production_runs() -> None:
+    # Recorded from the handler's own commit steps; the four steps of the spec are
+    # among them, in order, and each named boundary is one of the crash points.
+    assert COMMIT_EFFECTS[:4] == ("PutObject", "ClaimEntry", "CopyObject", "FlipEntry")
+    assert set(BOUNDARIES.values()) <= set(CRASH_POINTS.values())
+    assert list(CRASH_POINTS.values()) == list(range(1, len(COMMIT_EFFECTS)))
+
+
+@pytest.mark.parametrize("point", list(CRASH_POINTS))
 def test_crash_at_every_boundary_then_new_reader_and_new_writer(
-    local: LocalTable, boundary: str
+    local: LocalTable, point: str
 ) -> None:
-    crashing = CrashingHandler(local.store, local.entries, BOUNDARIES[boundary])
+    crash_at = CRASH_POINTS[point]
+    crashing = CrashingHandler(local.store, local.entries, crash_at)
     with pytest.raises(Crash):
         local.append("crashed", handler=crashing, acknowledged=False)
-    assert [type(e).__name__ for e in crashing.effects] == list(
-        COMMIT_EFFECTS[: BOUNDARIES[boundary]]
-    )
-    claimed = boundary != "after_stage"
+    assert [type(e).__name__ for e in crashing.effects] == list(COMMIT_EFFECTS[:crash_at])
+    claimed = "ClaimEntry" in COMMIT_EFFECTS[:crash_at]
     if claimed:  # committed at the claim, though never acknowledged
         local.expected[("crashed", 0)] = ROWS
 
@@ -399,15 +407,18 @@ class Actor:
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
-        self._advance(lambda: steps.send(None))
+        self._advance(Outcome())
 
-    def _advance(self, resume: Any) -> None:
+    def _advance(self, last: Outcome) -> None:
         try:
-            self.pending = resume()
-        except StopIteration as stop:
-            self.done, self.result = True, stop.value
+            running, value = advance(self.steps, last)
         except LancetxError as exc:
             self.done, self.error = True, exc
+            return
+        if running:
+            self.pending = value
+        else:
+            self.done, self.result = True, value
 
     def step(self, store: LocalObjectStore, entries: MemoryManifestStore, fault: str) -> None:
         effect = self.pending
@@ -419,10 +430,9 @@ class Actor:
             if fault == "landed":
                 raise _fault_error(effect)
         except LancetxError as exc:
-            error = exc
-            self._advance(lambda: self.steps.throw(error))
+            self._advance(Outcome(error=exc))
             return
-        self._advance(lambda: self.steps.send(result))
+        self._advance(Outcome(result))
 
 
 _WRITES = (ClaimEntry, FlipEntry, CopyObject, DeleteObject)
@@ -443,11 +453,13 @@ class WriterState:
     gave_up: list[int] = field(default_factory=list)
 
 
-def writer_program(table: Table, name: str, ops: int, state: WriterState) -> Steps[None]:
+def writer_program(
+    table: Table, store: LocalObjectStore, name: str, ops: int, state: WriterState
+) -> Steps[None]:
     """What commit_transaction does, reduced to the protocol: resolve the latest,
-    claim the next version, on a loss start over; stop at the first other error
-    (a latest version it could not finish, too: the loop never claims on top of
-    one, UnfinishedParentError)."""
+    claim the next version with the handler's commit steps (those production
+    drives), on a loss start over; stop at the first other error (a latest version
+    it could not finish, too: the loop never claims on top of one, UnfinishedParentError)."""
     for op in range(ops):
         state.op = op
         for _ in range(8):
@@ -457,7 +469,9 @@ def writer_program(table: Table, name: str, ops: int, state: WriterState) -> Ste
             version = (location.version if location is not None else 0) + 1
             data = json.dumps({"writer": name, "op": op, "version": version}).encode()
             try:
-                yield from commit_steps(table, version, NamingScheme.V2, data)
+                yield from handler_commit_steps(
+                    store, None, table.base_key, version, data, NamingScheme.V2, None
+                )
             except VersionAlreadyExistsError:
                 continue
             state.acknowledged.append((op, version, data))
@@ -501,7 +515,7 @@ def test_interleaved_writers_finalizers_and_crashes_keep_the_history_linear(
         writers = data.draw(st.integers(2, 3), label="writers")
         ops = data.draw(st.integers(1, 2), label="ops per writer")
         states = {f"w{i}": WriterState() for i in range(writers)}
-        actors = [Actor(n, writer_program(table, n, ops, s)) for n, s in states.items()]
+        actors = [Actor(n, writer_program(table, store, n, ops, s)) for n, s in states.items()]
         for i in range(data.draw(st.integers(0, 2), label="pylance finalizers")):
             actors.append(Actor(f"lance{i}", pylance_finalizer(table)))
         for i in range(data.draw(st.integers(0, 2), label="lancetx readers")):
@@ -537,9 +551,8 @@ def test_interleaved_writers_finalizers_and_crashes_keep_the_history_linear(
         fresh = ExternalStoreCommitHandler(store, entries)
         latest = fresh.resolve_latest("t")
         top = latest.version if latest is not None else 0
-        after = run(
-            commit_steps(table, top + 1, NamingScheme.V2, b'{"writer": "fresh"}'), store, entries
-        )
+        steps = fresh.commit_steps("t", top + 1, b'{"writer": "fresh"}', NamingScheme.V2)
+        after = run(steps, store, entries)
         assert after.finalized and after.location.version == top + 1
 
         rows = [e for e in entries.entries() if e.base_uri == "t"]

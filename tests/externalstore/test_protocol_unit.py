@@ -567,7 +567,7 @@ def test_trusted_paths(path: str) -> None:
 def test_store_claim_ambiguous_then_unreadable_item_is_ambiguous() -> None:
     from botocore.exceptions import ClientError
 
-    from lancetx.externalstore.dynamodb.plans import ApiCall, PlanContext, put_if_not_exists_plan
+    from lancetx.externalstore.dynamodb.plans import ApiCall, RequestContext, put_if_not_exists_plan
     from lancetx.externalstore.dynamodb.retry import RetryPolicy
     from lancetx.externalstore.errors import DynamoDBTarget
 
@@ -580,7 +580,7 @@ def test_store_claim_ambiguous_then_unreadable_item_is_ambiguous() -> None:
             "PutItem",
         )
 
-    ctx = PlanContext(DynamoDBTarget("t"), retry=RetryPolicy(max_attempts=2, base_delay=0))
+    ctx = RequestContext(DynamoDBTarget("t"), retry=RetryPolicy(max_attempts=2, base_delay=0))
     plan = put_if_not_exists_plan(ctx, our_entry())
     answers = iter(
         [

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import collections
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -41,11 +42,13 @@ from lancetx.commit.engine.committer import (
 from lancetx.commit.engine.operations import Append, Overwrite, Transaction
 from lancetx.commit.errors import LancetxError
 from lancetx.commit.format.fragments import fragment_from_pylance
-from lancetx.commit.format.location import ManifestLocation, TransactionSummary
+from lancetx.commit.format.location import TransactionSummary
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.commit.format.snapshot import load_snapshot
 from lancetx.commit.handlers.interface import CommitHandler
+from lancetx.commit.sansio import relay
+from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 from lancetx.commit.storage.s3store import conditional_headers
 from lancetx.commit.storage.s3store_async import AsyncObjectStore
@@ -54,27 +57,57 @@ from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManif
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
 from lancetx.externalstore.dynamodb.store import create_table
+from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import (
     CommitOutcome,
     Effect,
     Steps,
-    Table,
-    commit_steps,
     run,
     run_async,
 )
 
 # ------------------------------------------------------------------------ crashes
 
-#: Effects of an uncontended ``commit_steps``, in order: the crash points.
-COMMIT_EFFECTS = ("PutObject", "ClaimEntry", "CopyObject", "FlipEntry", "DeleteObject")
-#: ``crash_after`` counts for each step boundary of the four-step commit.
+
+def _production_commit_effects() -> tuple[str, ...]:
+    """The effects of one uncontended commit through the handler's own commit steps
+    (those ``commit`` drives, sync and async), in order: recorded, not listed by hand,
+    so that a step production adds is a crash point at once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store, entries = LocalObjectStore(tmp), MemoryManifestStore()
+        handler = ExternalStoreCommitHandler(store, entries)
+        performed: list[Effect] = []
+        steps = handler.commit_steps("t", 1, b"manifest", NamingScheme.V2)
+        run(recording(steps, performed), store, entries)
+    return tuple(type(e).__name__ for e in performed)
+
+
+def recording(steps: Steps[Any], log: list[Effect]) -> Steps[Any]:
+    """``steps``, appending every effect to ``log`` before it is performed."""
+
+    def record(effect: Effect) -> Effect:
+        log.append(effect)
+        return effect
+
+    return relay(steps, record, passes=LancetxError)
+
+
+#: Effects of an uncontended commit as production runs it, in order: the crash points.
+COMMIT_EFFECTS = _production_commit_effects()
+#: ``crash_after`` counts for the step boundaries of the four-step commit that
+#: tests name: after the effect that ends each step.
 BOUNDARIES = {
-    "after_stage": 1,  # staged manifest written, nothing claimed
-    "after_claim": 2,  # the version is committed, not finalized
-    "after_copy": 3,  # final object exists, entry still staged
-    "after_flip": 4,  # entry final, staged object left behind
+    name: COMMIT_EFFECTS.index(effect) + 1
+    for name, effect in (
+        ("after_stage", "PutObject"),  # staged manifest written, nothing claimed
+        ("after_claim", "ClaimEntry"),  # the version is committed, not finalized
+        ("after_copy", "CopyObject"),  # final object exists, entry still staged
+        ("after_flip", "FlipEntry"),  # entry final, staged object left behind
+    )
 }
+#: Every point where a writer can die between two effects of its commit (after the
+#: first, before the last), named after the effect performed last.
+CRASH_POINTS = {f"after_{k}_{COMMIT_EFFECTS[k - 1]}": k for k in range(1, len(COMMIT_EFFECTS))}
 
 
 class Crash(BaseException):
@@ -88,42 +121,22 @@ class Crash(BaseException):
 
 def crash_after(steps: Steps[Any], k: int) -> Steps[Any]:
     """``steps``, killed after ``k`` effects were performed (results fed back as usual)."""
-    result: Any = None
-    error: LancetxError | None = None
     performed = 0
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            return stop.value
+
+    def count(effect: Effect) -> Effect:
+        nonlocal performed
         if performed >= k:
             steps.close()
             raise Crash(performed, effect)
         performed += 1
-        try:
-            result, error = (yield effect), None
-        except LancetxError as exc:
-            result, error = None, exc
+        return effect
 
-
-def recording(steps: Steps[Any], log: list[Effect]) -> Steps[Any]:
-    """``steps``, appending every effect to ``log`` before it is performed."""
-    result: Any = None
-    error: LancetxError | None = None
-    while True:
-        try:
-            effect = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            return stop.value
-        log.append(effect)
-        try:
-            result, error = (yield effect), None
-        except LancetxError as exc:
-            result, error = None, exc
+    return relay(steps, count, passes=LancetxError)
 
 
 class CrashingHandler(ExternalStoreCommitHandler):
-    """A handler whose next commit dies after ``crash_after`` protocol effects."""
+    """A handler whose next commit dies after ``crash_after`` effects of the steps
+    its ``commit`` drives (production's ``commit``, its steps wrapped)."""
 
     def __init__(
         self, store: ObjectStore, entries: ExternalManifestStore, crash_after: int
@@ -132,21 +145,16 @@ class CrashingHandler(ExternalStoreCommitHandler):
         self.crash_after = crash_after
         self.effects: list[Effect] = []
 
-    def commit(
+    def commit_steps(
         self,
         base: str,
         version: int,
         manifest: bytes,
         scheme: NamingScheme,
         summary: TransactionSummary | None = None,
-    ) -> ManifestLocation:
-        steps = commit_steps(Table(base, base), version, scheme, manifest, summary=summary)
-        outcome: CommitOutcome = run(
-            recording(crash_after(steps, self.crash_after), self.effects),
-            self.store,
-            self.entries,
-        )
-        return outcome.location
+    ) -> Steps[CommitOutcome]:
+        steps = super().commit_steps(base, version, manifest, scheme, summary)
+        return recording(crash_after(steps, self.crash_after), self.effects)
 
 
 class FaultyObjectStore(ObjectStore):
