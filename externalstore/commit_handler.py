@@ -242,13 +242,44 @@ def handler_commit_steps(
     return (yield from _explained(steps, base, store, entries))
 
 
-class ExternalStoreCommitHandler(CommitHandler):
+class _CommitSteps:
+    """The commit both twins drive, defined once (see :func:`handler_commit_steps`)."""
+
+    store: StoreInfo
+    entries: object
+    committer: str
+
+    def commit_steps(
+        self,
+        base: str,
+        version: int,
+        manifest: bytes,
+        scheme: NamingScheme,
+        summary: TransactionSummary | None = None,
+    ) -> Steps[CommitOutcome]:
+        """The steps :meth:`commit` drives (see :func:`handler_commit_steps`)."""
+        return handler_commit_steps(
+            self.store,
+            self.entries,
+            base,
+            version,
+            manifest,
+            scheme,
+            summary,
+            committer=self.committer,
+        )
+
+
+class ExternalStoreCommitHandler(_CommitSteps, CommitHandler):
     """Claims versions with a conditional insert into ``entries``; manifests live in ``store``.
 
     ``base`` arguments are table base keys in ``store``; the external store's
     ``base_uri`` for a table is the same string (Lance's convention: the path
     inside the bucket, see :mod:`lancetx.externalstore.dynamodb.uri`).
     """
+
+    store: ObjectStore
+    entries: ExternalManifestStore
 
     def __init__(
         self,
@@ -280,26 +311,6 @@ class ExternalStoreCommitHandler(CommitHandler):
         if self.preflight is None:
             return action()
         return self.preflight.beside(action, write=write)
-
-    def commit_steps(
-        self,
-        base: str,
-        version: int,
-        manifest: bytes,
-        scheme: NamingScheme,
-        summary: TransactionSummary | None = None,
-    ) -> Steps[CommitOutcome]:
-        """The steps :meth:`commit` drives (see :func:`handler_commit_steps`)."""
-        return handler_commit_steps(
-            self.store,
-            self.entries,
-            base,
-            version,
-            manifest,
-            scheme,
-            summary,
-            committer=self.committer,
-        )
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.
@@ -405,9 +416,12 @@ class ExternalStoreCommitHandler(CommitHandler):
         return self._run(steps, base)
 
 
-class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
+class AsyncExternalStoreCommitHandler(_CommitSteps, AsyncCommitHandler):
     """The asyncio twin of :class:`ExternalStoreCommitHandler` (aioboto3): the same
     steps, driven by :func:`~lancetx.externalstore.protocol.run_async`."""
+
+    store: AsyncObjectStore
+    entries: AsyncExternalManifestStore
 
     def __init__(
         self,
@@ -429,26 +443,6 @@ class AsyncExternalStoreCommitHandler(AsyncCommitHandler):
 
     async def _drive(self, steps: Steps[T]) -> T:
         return await run_async(steps, self.store, self.entries)
-
-    def commit_steps(
-        self,
-        base: str,
-        version: int,
-        manifest: bytes,
-        scheme: NamingScheme,
-        summary: TransactionSummary | None = None,
-    ) -> Steps[CommitOutcome]:
-        """The steps :meth:`commit` drives: the sync handler's (:func:`handler_commit_steps`)."""
-        return handler_commit_steps(
-            self.store,
-            self.entries,
-            base,
-            version,
-            manifest,
-            scheme,
-            summary,
-            committer=self.committer,
-        )
 
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler.resolve_latest`."""
