@@ -47,6 +47,7 @@ from datetime import UTC, datetime, timedelta
 
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.retention import read_tags
+from lancetx.commit.storage.limits import MANIFEST, read_capped
 from lancetx.ops.inventory import (
     LoadedVersion,
     Progress,
@@ -207,7 +208,7 @@ def cleanup_versions(
             held[lv.version] = {}
             for key in sorted({lv.key, final.key if final is not None else lv.key}):
                 try:  # kept to put back if a tag names the version meanwhile (below)
-                    held[lv.version][key] = table.store.get(key)
+                    held[lv.version][key] = read_capped(table.store, key, MANIFEST)
                 except ObjectNotFoundError:
                     continue
                 table.store.delete(key)
