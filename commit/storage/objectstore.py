@@ -76,6 +76,14 @@ class ObjectStore(abc.ABC):
         """The last ``length`` bytes (fewer if the object is smaller) and the
         object's total size, in one request. Raises ObjectNotFoundError."""
 
+    def get_tail_bulk(self, key: str, length: int) -> tuple[bytes, int] | None:
+        """:meth:`get_tail` for one of many reads made together (a writer catching up
+        on many versions), sent a cheaper way where the store has one; None when it
+        was not read that way (no cheaper way, or any failure): then call
+        :meth:`get_tail`, whose answer or error is the definitive one."""
+        del key, length
+        return None
+
     @abc.abstractmethod
     def head(self, key: str) -> ObjectMeta:
         """Metadata without the body. Raises ObjectNotFoundError."""
