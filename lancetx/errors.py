@@ -64,7 +64,8 @@ bracket this module)::
     │   ├── FragmentFormatError            fragment metadata we cannot take
     │   ├── MixedNamingSchemesError        V1 and V2 manifest names in one _versions/
     │   ├── RowIdFormatError               a row-id sequence that does not decode
-    │   └── TagFileError                   a tag file that names no version
+    │   ├── TagFileError                   a tag file that names no version
+    │   └── BasePathError                  a base path (or a file's base id) we cannot follow
     ├── SchemaConversionError              [commit] an Arrow schema or field list we cannot convert
     ├── UnsupportedFeatureError            [commit] a feature flag we do not implement
     │   └── UnsupportedTransactionError    an operation we do not build
@@ -127,6 +128,7 @@ from lancetx.commit.engine.builder.errors import (
     UnsupportedTransactionError,
 )
 from lancetx.commit.errors import (
+    BasePathError,
     CommitConflictError,
     CommitError,
     CommitStateUnknownError,
@@ -626,6 +628,7 @@ __all__ = [
     "AmbiguousWriteError",
     "ArgumentTypeError",
     "BadEntryError",
+    "BasePathError",
     "BatchEntryExistsError",
     "ColumnMismatchError",
     "CommitConflictError",

@@ -341,7 +341,7 @@ def _scan_once(
     listed = list_prefixes(table, folders, progress)
     transactions = {m.key for m in listed["_transactions"]}
     for lv in loaded:
-        for name, why in unsafe_references(lv.manifest):
+        for name, why in unsafe_references(lv.manifest, store=table.store, base=table.base):
             findings.append(
                 Finding(
                     "untrusted_file_path",
@@ -424,7 +424,7 @@ def _deep_findings(
     table: OpsTable, lv: LoadedVersion, objects: dict[str, ObjectMeta]
 ) -> list[Finding]:
     out: list[Finding] = []
-    for key, size in sorted(data_file_keys(table.base, lv.manifest).items()):
+    for key, size in sorted(data_file_keys(table.base, lv.manifest, store=table.store).items()):
         meta = objects.get(key)
         if meta is None:
             out.append(
@@ -446,7 +446,7 @@ def _deep_findings(
                     key,
                 )
             )
-    for key in sorted(deletion_keys(table.base, lv.manifest)):
+    for key in sorted(deletion_keys(table.base, lv.manifest, store=table.store)):
         if key not in objects:
             out.append(
                 Finding(
