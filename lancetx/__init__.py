@@ -139,6 +139,7 @@ if TYPE_CHECKING:
     from lancetx.table import (
         MergeInsertBuilder,
         Table,
+        clone,
         commit_fragments,
         connect,
         open,
@@ -265,6 +266,7 @@ _WHERE: dict[str, str] = {
     "commit_many": "lancetx.multi_table",
     "MergeInsertBuilder": "lancetx.table",
     "Table": "lancetx.table",
+    "clone": "lancetx.table",
     "commit_fragments": "lancetx.table",
     "connect": "lancetx.table",
     "open": "lancetx.table",
@@ -414,6 +416,7 @@ __all__ = [
     "__version__",
     "check_idempotency_key",
     "check_schema",
+    "clone",
     "commit_fragments",
     "commit_many",
     "connect",

@@ -329,20 +329,30 @@ class UnsupportedInputError(TableError, TypeError):
 
 
 class ForeignFragmentError(TableError):
-    """Fragments whose data files are not under this table's data directory.
+    """Fragments whose data files are not under this table's data directory, nor under
+    a base path the table registers (``bases``), or do not exist there.
 
     Committing them would publish rows whose files live elsewhere (another table,
     a typo'd URI) and can vanish with that place. Nothing was written.
     """
 
-    def __init__(self, uri: str, data_dir: str, files: Sequence[str]) -> None:
+    def __init__(
+        self, uri: str, data_dir: str, files: Sequence[str], bases: Sequence[str] = ()
+    ) -> None:
         self.files = list(files)
+        self.bases = list(bases)
         shown = ", ".join(files[:5]) + (" …" if len(files) > 5 else "")
+        registered = (
+            f" nor under a base path it registers ({'; '.join(bases)})"
+            if bases
+            else " (it registers no other base path)"
+        )
         super().__init__(
             uri,
-            f"data file(s) {shown} are not in this table's data directory {data_dir}; "
-            "write fragments with lance.fragment.write_fragments(data, <this table's data "
-            "URI>) (Table.data_uri) and commit those",
+            f"data file(s) {shown} are not in this table's data directory {data_dir}"
+            f"{registered}; write fragments with lance.fragment.write_fragments(data, "
+            "<this table's data URI>) (Table.data_uri), or with target_bases=[...] for a "
+            "registered base, and commit those",
         )
 
 
