@@ -345,6 +345,62 @@ def base_files(store: UriNames, base: str, manifest: ManifestFile) -> BaseFiles:
     return out
 
 
+@dataclass(frozen=True)
+class ForeignFile:
+    """A file ``manifest`` reads from a base path outside the table (a clone's source,
+    another bucket): ``kind`` "data" or "deletion", ``uri`` in full, ``key`` in the
+    table's own store when it is there (same bucket), and the size it records."""
+
+    kind: str
+    uri: str
+    root: BaseRoot
+    key: str
+    own_store_key: str | None
+    size: int | None
+
+
+def foreign_files(store: UriNames, base: str, manifest: ManifestFile) -> list[ForeignFile]:
+    """The data and deletion files ``manifest`` reads from base paths outside the table
+    at ``base`` of ``store`` (never the table's to delete; ``verify --deep`` checks they
+    are there). Bases lancetx cannot follow are left out (``unsafe_references``)."""
+    out: list[ForeignFile] = []
+    roots: dict[int, BaseRoot] = {}
+    for entry in manifest.manifest.base_paths:
+        with contextlib.suppress(BasePathError):
+            roots[entry.id] = parse_base(entry)
+
+    def add(kind: str, root: BaseRoot | None, key: str, size: int | None) -> None:
+        if root is None or not root.followable:
+            return
+        own = key_in(store, root, key)
+        if own is not None and _inside(base, own):
+            return  # the table's own (see base_files)
+        uri = store.uri(own) if own is not None else root.object_uri(key)
+        out.append(ForeignFile(kind, uri, root, key, own, size))
+
+    for fragment in manifest.manifest.fragments:
+        for data_file in fragment.files:
+            if (
+                data_file.HasField("base_id")
+                and naming.unsafe_relative_path(data_file.path) is None
+            ):
+                root = roots.get(data_file.base_id)
+                if root is not None:
+                    add(
+                        "data",
+                        root,
+                        data_file_key(root, data_file.path),
+                        data_file.file_size_bytes or None,
+                    )
+        deletion = fragment.deletion_file
+        if fragment.HasField("deletion_file") and deletion.HasField("base_id"):
+            root = roots.get(deletion.base_id)
+            if root is not None and root.is_dataset_root:
+                with contextlib.suppress(LancetxError):
+                    add("deletion", root, deletion_file_key(root.key, fragment.id, deletion), None)
+    return out
+
+
 def data_file_keys(base: str, manifest: ManifestFile, *, store: UriNames) -> dict[str, int | None]:
     """Data files of ``manifest`` in this table (files in a base elsewhere are not
     ours; see :func:`base_files`), with their recorded sizes where the manifest has

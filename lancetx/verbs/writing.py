@@ -136,6 +136,7 @@ class WritePlan:
 
     def __call__(self, ctx: PlanContext) -> Transaction:
         if self.fragments is None:
+            _check_creates(ctx, initial_bases(self.params.get("initial_bases")))
             reader, guard = to_reader(ctx.uri, self.data, self.schema)
             append = not self.overwrite and ctx.parent is not None
             if append:
@@ -150,15 +151,21 @@ class WritePlan:
                 read_version=ctx.read_version, operation=Append(fragments=self.fragments)
             )
         bases = initial_bases(self.params.get("initial_bases"))
-        if bases and ctx.parent is not None:
-            raise InvalidWriteParamError(
-                "initial_bases",
-                f"registers base paths only when the write creates the table; {ctx.uri} "
-                f"exists (version {ctx.parent.version}): register them with "
-                "Table.commit(UpdateBases(new_bases=...))",
-            )
+        _check_creates(ctx, bases)
         return overwrite_transaction(
             ctx.read_version, self.fragments, self.arrow_schema, initial_bases=bases
+        )
+
+
+def _check_creates(ctx: PlanContext, bases: Sequence[table_pb2.BasePath]) -> None:
+    """``initial_bases`` register base paths only when the write creates the table
+    (Lance's rule): refused, before anything is written, on a table that exists."""
+    if bases and ctx.parent is not None:
+        raise InvalidWriteParamError(
+            "initial_bases",
+            f"registers base paths only when the write creates the table; {ctx.uri} "
+            f"exists (version {ctx.parent.version}): register them with "
+            "Table.commit(UpdateBases(new_bases=...))",
         )
 
 
