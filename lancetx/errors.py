@@ -337,11 +337,19 @@ class ForeignFragmentError(TableError):
     """
 
     def __init__(
-        self, uri: str, data_dir: str, files: Sequence[str], bases: Sequence[str] = ()
+        self,
+        uri: str,
+        data_dir: str,
+        files: Sequence[str],
+        bases: Sequence[str] = (),
+        reasons: Mapping[str, str] | None = None,
     ) -> None:
         self.files = list(files)
         self.bases = list(bases)
-        shown = ", ".join(files[:5]) + (" …" if len(files) > 5 else "")
+        why = reasons or {}
+        shown = ", ".join(f"{f} ({why[f]})" if f in why else f for f in files[:5]) + (
+            " …" if len(files) > 5 else ""
+        )
         registered = (
             f" nor under a base path it registers ({'; '.join(bases)})"
             if bases

@@ -361,6 +361,7 @@ def check_in_data_dir(ctx: PlanContext, fragments: Sequence[table_pb2.DataFragme
     data_dir = ctx.store.uri(join(base, DATA_DIR)) + "/"
     registered = {b.id: b for b in ctx.manifest.base_paths} if ctx.parent is not None else {}
     bad: list[str] = []
+    reasons: dict[str, str] = {}
     keys: list[tuple[str, ObjectStore, str]] = []
     for frag in fragments:
         for f in frag.files:
@@ -368,7 +369,8 @@ def check_in_data_dir(ctx: PlanContext, fragments: Sequence[table_pb2.DataFragme
             if f.HasField("base_id"):
                 found = _under_base(ctx, registered, f.base_id, path)
                 if isinstance(found, str):
-                    bad.append(found)
+                    bad.append(path)
+                    reasons[path] = found
                 else:
                     keys.append((path, *found))
                 continue
@@ -383,13 +385,16 @@ def check_in_data_dir(ctx: PlanContext, fragments: Sequence[table_pb2.DataFragme
             try:
                 item[1].head(item[2])
             except ObjectNotFoundError:
-                return f"{item[0]} (no object {item[1].uri(item[2])})"
+                reasons[item[0]] = f"no object {item[1].uri(item[2])}"
+                return item[0]
             return None
 
         with ThreadPoolExecutor(max_workers=min(CHECK_PARALLELISM, len(keys))) as pool:
             bad = [p for p in pool.map(missing, keys) if p is not None]
     if bad:
-        raise ForeignFragmentError(ctx.uri, data_dir, bad, registered_bases(registered.values()))
+        raise ForeignFragmentError(
+            ctx.uri, data_dir, bad, registered_bases(registered.values()), reasons
+        )
 
 
 def registered_bases(bases: Iterable[table_pb2.BasePath]) -> list[str]:
@@ -407,14 +412,14 @@ def _under_base(
     it cannot be taken."""
     entry = registered.get(base_id)
     if entry is None:
-        return f"{path} (base path id {base_id} is not registered in this table)"
+        return f"base path id {base_id} is not registered in this table"
     problem = unsafe_relative_path(path)
     if problem is not None:
-        return f"{path} ({problem})"
+        return problem
     try:
         root = parse_base(entry)
     except BasePathError as exc:
-        return f"{path} (base path id {base_id}: {exc.problem})"
+        return f"base path id {base_id}: {exc.problem}"
     key = data_file_key(root, path)
     own = key_in(ctx.store, root, key)
     table = ctx.state.conn.base
@@ -422,10 +427,10 @@ def _under_base(
         if (not table or own.startswith(table + "/")) and not own.startswith(
             join(table, DATA_DIR) + "/"
         ):
-            return f"{path} (under base path id {base_id} it is {own!r}: inside this table, not in data/)"
+            return f"under base path id {base_id} it is {own!r}: inside this table, not in data/"
         return ctx.store, own
     if not root.followable:
-        return f"{path} (base path id {base_id} {root.path!r}: lancetx cannot check objects there)"
+        return f"base path id {base_id} {root.path!r}: lancetx cannot check objects there"
     other, other_key = open_object_store(root.object_uri(key), ctx.state.conn.storage_options)
     return other, other_key
 
