@@ -349,7 +349,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
         pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
-        refused naming their type). Fragments must be in this table's data directory."""
+        refused naming their type). Fragments must be in this table's data directory or
+        under a base path it registers (ForeignFragmentError)."""
         from lancetx.verbs.writing import check_in_data_dir
 
         def plan(ctx: Any) -> Any:
@@ -819,7 +820,9 @@ def commit_fragments(
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
     created; a creator that loses the race to another one appends instead. Every data
-    file must already be in the table's ``data/`` directory (ForeignFragmentError).
+    file must already be in the table's ``data/`` directory, or under a base path the
+    table registers (``write_fragments(..., target_bases=[...])``); else
+    ForeignFragmentError.
 
     Fragments written as a new dataset of ``schema`` (``write_fragments(uri,
     mode="overwrite")``, as writers that cannot open the table do) need
