@@ -65,14 +65,7 @@ def _register(uri: str, options: dict[str, str], *bases: table_pb2.BasePath) -> 
 
 def _write_under(table: lancetx.Table, base: str, rows: pa.Table) -> int:
     """Rows written by pylance under the registered base ``base``, committed by lancetx."""
-    written = write_fragments(
-        rows,
-        table.dataset,
-        mode="append",
-        target_bases=[base],
-        storage_options=table.pylance_storage_options,
-    )
-    return table.commit_fragments(written, schema=table.schema).version
+    return table.append(rows, target_bases=[base])
 
 
 def test_gc_and_cleanup_never_delete_files_under_a_base_elsewhere(
