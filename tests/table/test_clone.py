@@ -87,7 +87,9 @@ def test_a_clone_is_the_source_version_read_through_a_base_path_by_lancetx_and_p
     before = _objects(s3, bucket, "src.lance/")
     module: Any = lancetx.aio if api.is_async else lancetx
 
-    cases = {"latest": None, "v3": 3, "tag": "indexed"}
+    cases: dict[str, int | str | None] = {"latest": None, "v3": 3, "tag": "indexed"}
+    if api.is_async:  # the same code behind another driver: one case is enough
+        cases = {"tag": "indexed"}
     for name, version in cases.items():
         dst = ddb_uri(bucket, ddb_table_name, f"{name}.lance")
         clone = api._keep(api.run(module.clone(src, dst, version=version, storage_options=ddb)))
@@ -178,9 +180,9 @@ def test_cleanup_and_gc_of_a_clone_never_delete_the_sources_files(
     assert _objects(s3, bucket, "src.lance/") == before
     assert _ids(lancetx.open(dst, ddb)) == [900, 901, 902]
     assert _ids(source.checkout(5)) == _pylance_ids(src, ddb, 5)
-    for command in (["verify", "--deep"], ["gc", "--older-than", "7d", "--delete"]):
-        ran = run_cli(legacy_aws, command[0], dst, *command[1:], "--json")
-        assert ran.code == 0, (command, ran.stdout, ran.stderr)
+    assert verify_table(ops, deep=True, all_versions=True).ok
+    ran = run_cli(legacy_aws, "gc", dst, "--older-than", "7d", "--delete", "--json")
+    assert ran.code == 0, ran.stdout + ran.stderr
     assert _objects(s3, bucket, "src.lance/") == before
 
 
@@ -206,7 +208,7 @@ def test_a_tag_on_the_cloned_version_keeps_the_clone_readable_through_the_source
     assert _pylance_ids(kept, ddb) == expected[kept]
     assert verify_table(open_table(kept, ddb), deep=True).ok
     # v5's fragment 2 (its append) went with the source's cleanup: the clone of v5 breaks
-    with pytest.raises((OSError, pa.ArrowInvalid), match="Not found: src.lance/data/"):
+    with pytest.raises((OSError, pa.ArrowInvalid), match=r"Not found: src\.lance/data/"):
         lance.dataset(lost, storage_options=ddb).to_table()
     found = verify_table(open_table(lost, ddb), deep=True)
     assert {f.kind for f in found.findings} == {"missing_data_file"}
@@ -366,3 +368,29 @@ def test_a_clone_of_the_latest_while_the_source_is_written_is_one_whole_version(
     assert _ids(clone) == _ids(source.checkout(ref)) == list(range(5 * ref))
     assert _ids(lancetx.open(str(tmp_path / "dst.lance"))) == list(range(5 * ref))
     assert source.refresh().version > ref
+
+
+def test_a_clone_of_a_clone_reads_each_file_from_the_table_that_wrote_it(tmp_path: Path) -> None:
+    """The first clone's files stay named by the base it registered for the original;
+    only its own files get the new base. pylance reads the second clone, and an index
+    the first clone inherited keeps pointing at the original's folder."""
+    original = lancetx.write_table(str(tmp_path / "a.lance"), _rows(10, 0))
+    original.delete("id = 0")
+    original.create_index("id", "BTREE")
+    first = lancetx.clone(original.uri, str(tmp_path / "b.lance"))
+    first.append(_rows(3, 100))
+    first.delete("id = 101")
+    second = lancetx.clone(first.uri, str(tmp_path / "c.lance"))
+    manifest = second._state.parent.manifest
+    assert [(b.id, b.path) for b in manifest.manifest.base_paths] == [
+        (0, str(tmp_path / "a.lance")),
+        (1, str(tmp_path / "b.lance")),
+    ]
+    assert [i.base_id for i in manifest.indices or []] == [0]
+    expected = [i for i in [*range(10), 100, 101, 102] if i not in (0, 101)]
+    assert _ids(second) == expected == _pylance_ids(second.uri, {})
+    ds = lance.dataset(second.uri)
+    assert "ScalarIndexQuery" in ds.scanner(filter="id = 4").explain_plan()
+    second.delete("id = 5")
+    assert _pylance_ids(second.uri, {}) == [i for i in expected if i != 5]
+    assert _ids(first.refresh()) == expected and _ids(original.refresh()) == list(range(1, 10))
