@@ -227,7 +227,7 @@ def unsafe_references(
         problem = naming.unsafe_transaction_file_name(name)
         if problem is not None:
             out.append((name, problem))
-    out += base_files(store, base, manifest).unsafe
+    out += base_files(store, base, manifest, checked=True).unsafe
     return out
 
 
@@ -268,12 +268,18 @@ def _own_key(
     return own
 
 
-def base_files(store: UriNames, base: str, manifest: ManifestFile) -> BaseFiles:
+def base_files(
+    store: UriNames, base: str, manifest: ManifestFile, *, checked: bool = False
+) -> BaseFiles:
     """The data and deletion files and index folders ``manifest`` keeps under its base
-    paths that lie inside the table at ``base`` of ``store`` (see :class:`BaseFiles`)."""
+    paths that lie inside the table at ``base`` of ``store`` (see :class:`BaseFiles`).
+    ``checked``: also look for files naming a base id the manifest does not register
+    (a pass over every file, which a manifest without base paths otherwise skips)."""
     import uuid as uuidlib
 
     out = BaseFiles()
+    if not manifest.manifest.base_paths and not checked:
+        return out  # the common case: no file can lie under a base
     used = referenced_base_ids(manifest.manifest.fragments, manifest.indices or [])
     if not used:
         return out
