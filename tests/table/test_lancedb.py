@@ -19,7 +19,7 @@ lancedb = pytest.importorskip("lancedb")  # a test-only dependency ([dev])
 
 DIM = 16
 ROWS_PER_FRAGMENT = 40
-FRAGMENTS = 20
+FRAGMENTS = 10
 
 
 def _batch(rng: np.random.Generator, start: int) -> pa.Table:
