@@ -15,7 +15,7 @@ external manifest store.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -114,3 +114,13 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         """Objects whose key starts with ``prefix`` (a directory prefix should end in ``/``)."""
+
+    def list_page(self, prefix: str, start_after: str = "") -> tuple[Sequence[ObjectMeta], bool]:
+        """One request of :meth:`list`: the objects under ``prefix`` whose keys sort after
+        ``start_after``, in lexical order, as many as one request returns; and whether
+        more may follow. This default serves every object at once, from :meth:`list`
+        (for stores whose listing is not paged: local disk, test doubles)."""
+        found = sorted(
+            (meta for meta in self.list(prefix) if meta.key > start_after), key=lambda m: m.key
+        )
+        return found, False

@@ -19,7 +19,7 @@ function, :func:`translate_s3_error`, which the asyncio store
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -880,6 +880,18 @@ class S3ObjectStore(ObjectStore):
             if isinstance(mapped, ObjectNotFoundError):
                 return
             raise mapped from exc
+
+    def list_page(self, prefix: str, start_after: str = "") -> tuple[Sequence[ObjectMeta], bool]:
+        """One ListObjectsV2 request (``StartAfter``, ``page_size`` keys at most)."""
+        check_key(prefix, allow_empty=True)
+        try:
+            page = self._client.list_objects_v2(
+                Bucket=self.bucket, Prefix=prefix, MaxKeys=self.page_size, StartAfter=start_after
+            )
+        except Exception as exc:
+            raise self._error(exc, "ListObjectsV2", prefix) from exc
+        found = [meta_from_listing(entry) for entry in page.get("Contents", [])]
+        return found, bool(page.get("IsTruncated"))
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         """ListObjectsV2 pages of ``page_size`` keys, in lexical order, fetched lazily."""
