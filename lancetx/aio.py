@@ -20,6 +20,7 @@ without a warning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
@@ -399,12 +400,17 @@ async def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     table = AsyncTable(state)
     # The table's own clients commit the write, and stay open for its next verbs.
     result = await run_verb_async(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,

@@ -116,7 +116,8 @@ class CommitArgs:
     ``idempotency_since``: versions up to this one cannot hold ``idempotency_key``
     (e.g. the table's version when a job with a fresh key started), so the look-up
     before the first attempt skips them. ``retry``: the commit loop's budget
-    (default: :class:`RetryPolicy`'s five minutes).
+    (default: :class:`RetryPolicy`'s five minutes). ``stable_row_ids``: a table this
+    commit creates gets stable row ids (see :class:`CommitOptions`).
     """
 
     commit_message: str | None = None
@@ -125,6 +126,7 @@ class CommitArgs:
     expected_version: int | None = None
     idempotency_since: int = 0
     retry: RetryPolicy | None = None
+    stable_row_ids: bool = False
 
     def __post_init__(self) -> None:
         check_idempotency_key(self.idempotency_key)
@@ -136,6 +138,7 @@ class CommitArgs:
             expected_version=self.expected_version,
             idempotency_key=self.idempotency_key,
             table_uri=table_uri,
+            stable_row_ids=self.stable_row_ids,
         )
         return options if self.retry is None else dataclasses.replace(options, retry=self.retry)
 

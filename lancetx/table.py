@@ -8,6 +8,7 @@ it last committed or opened, without pylance resolving "latest" on its own.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -715,7 +716,13 @@ def write_table(
     **write_params: Any,
 ) -> Table:
     """Write ``data`` as a new table (``mode="create"``), or append to / overwrite the
-    table at ``uri`` (creating it if absent). Returns the Table at the committed version."""
+    table at ``uri`` (creating it if absent). Returns the Table at the committed version.
+
+    ``write_params`` go to ``lance.fragment.write_fragments`` (max_rows_per_file, …),
+    except ``enable_stable_row_ids=True``, which creates the table with stable row ids
+    as Lance does (row-id sequences per fragment, kept by every later verb; pylance's
+    ``_rowid`` reads them). It is chosen when a table is created: given for an
+    existing table, it must match what the table has (InvalidWriteParamError)."""
     if mode not in ("create", "append", "overwrite"):
         raise ValueError(f'mode must be "create", "append" or "overwrite", not {mode!r}')
     state = TableState.connect(uri, storage_options)
@@ -723,10 +730,15 @@ def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     result = run_verb(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,

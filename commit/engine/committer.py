@@ -184,6 +184,12 @@ class CommitOptions:
     ``observer`` receives one :class:`~lancetx.commit.engine.events.CommitEvent`
     per attempt. ``table_uri`` is the URI to name the table by in logs and
     events (the one the user passed, e.g. ``s3+ddb://…``); default: the store's URI.
+
+    ``stable_row_ids`` (Lance's ``enable_stable_row_ids``, a setting of the commit,
+    not of the transaction) creates a new table with stable row ids: the commit
+    gives every fragment its row-id sequence and keeps ``next_row_id``. A table
+    keeps what it was created with; asking for them on an existing table without
+    them is refused (InvalidTransactionError), as Lance refuses it.
     """
 
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -195,6 +201,7 @@ class CommitOptions:
     idempotency_key: str | None = None
     observer: CommitObserver | None = None
     table_uri: str | None = None
+    stable_row_ids: bool = False
 
 
 @dataclass(frozen=True)
@@ -612,6 +619,7 @@ def _build(state: _Attempts) -> Steps[_Built]:
         version=state.next_version,
         transaction_file=transaction_file_name(txn_pb),
         restore_source=state.restore_source,
+        enable_stable_row_ids=state.options.stable_row_ids,
     )
     state.txn_bytes = yield from _write_transaction(
         state.base, state.ours, state.txn_bytes, state.written, txn_pb

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transaction
 from lancetx.commit.errors import ObjectNotFoundError
+from lancetx.commit.format.manifest import FLAG_STABLE_ROW_IDS
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.committing import CommitArgs, PlanContext, VerbFlags, discard
@@ -44,6 +45,9 @@ _OWN_WRITE_PARAMS = {
 }
 #: Sizes pylance needs positive (0 makes its writer panic, a negative one overflow).
 _POSITIVE_WRITE_PARAMS = ("max_rows_per_file", "max_rows_per_group", "max_bytes_per_file")
+#: The write parameter choosing stable row ids: a setting of the commit that creates a
+#: table (pylance's data files do not depend on it), never handed to ``write_fragments``.
+STABLE_ROW_IDS_PARAM = "enable_stable_row_ids"
 
 
 def check_write_params(params: Mapping[str, Any]) -> None:
@@ -75,6 +79,38 @@ def check_write_params(params: Mapping[str, Any]) -> None:
             and (isinstance(value, bool) or not isinstance(value, int) or value <= 0)
         ):
             raise InvalidWriteParamError(name, f"must be a positive integer, got {value!r}")
+        if name == STABLE_ROW_IDS_PARAM and not isinstance(value, bool):
+            raise InvalidWriteParamError(name, f"must be True or False, got {value!r}")
+
+
+def take_stable_row_ids(params: dict[str, Any]) -> bool | None:
+    """Remove ``enable_stable_row_ids`` from ``params`` (checked by
+    :func:`check_write_params`); None when it was not given."""
+    value = params.pop(STABLE_ROW_IDS_PARAM, None)
+    return bool(value) if value is not None else None
+
+
+def check_stable_row_ids(uri: str, requested: bool | None, manifest: table_pb2.Manifest) -> None:
+    """Refuse ``enable_stable_row_ids`` that differs from what the table has: Lance
+    fixes it when a table is created, and no later write changes it (pylance ignores
+    the parameter then; lancetx says so rather than write something else than asked)."""
+    if requested is None:
+        return
+    has = bool(manifest.reader_feature_flags & FLAG_STABLE_ROW_IDS)
+    if has == requested:
+        return
+    if requested:
+        problem = (
+            f"the table {uri} (version {manifest.version}) was created without stable row "
+            "ids, and they cannot be turned on later (Lance refuses it too): write a new "
+            "table with write_table(..., enable_stable_row_ids=True) and copy the rows over"
+        )
+    else:
+        problem = (
+            f"the table {uri} (version {manifest.version}) has stable row ids, and they "
+            "cannot be turned off; leave the parameter out to write to it"
+        )
+    raise InvalidWriteParamError(STABLE_ROW_IDS_PARAM, problem)
 
 
 def _write_fragments(
@@ -128,10 +164,16 @@ class WritePlan:
         self.overwrite = overwrite
         self.schema = schema
         self.params = dict(params)
+        #: ``enable_stable_row_ids`` as given (None: not given): a new table gets them
+        #: through the commit (:attr:`CommitArgs.stable_row_ids`), an existing one
+        #: must already be what is asked for.
+        self.stable_row_ids = take_stable_row_ids(self.params)
         self.fragments: tuple[table_pb2.DataFragment, ...] | None = None
         self.arrow_schema: pa.Schema | None = None
 
     def __call__(self, ctx: PlanContext) -> Transaction:
+        if ctx.parent is not None:
+            check_stable_row_ids(ctx.uri, self.stable_row_ids, ctx.manifest)
         if self.fragments is None:
             reader, guard = to_reader(ctx.uri, self.data, self.schema)
             append = not self.overwrite and ctx.parent is not None
@@ -345,7 +387,9 @@ __all__ = [
     "FragmentsPlan",
     "WritePlan",
     "check_in_data_dir",
+    "check_stable_row_ids",
     "fragment_files",
     "fragments_verb",
     "overwrite_transaction",
+    "take_stable_row_ids",
 ]
