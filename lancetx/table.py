@@ -231,10 +231,21 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Rewrite small fragments (and fragments with many deleted rows) into fewer
-        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
-        Returns the current version unchanged when nothing needs compaction."""
+        ones: pylance's compaction plan and tasks (``options``: pylance's
+        ``CompactionOptions``), one Rewrite committed by lancetx. Returns the current
+        version unchanged when nothing needs compaction.
+
+        Indices keep covering every row, as with pylance's ``compact_files``: vector
+        indices over the rewritten fragments are remapped in the same Rewrite (their
+        files rewritten by pylance so they point into the new fragments; the new
+        fragments' ids are reserved first, which is a version of its own), scalar
+        indices get a segment over the new fragments in a second version. With
+        ``{"defer_index_remap": True}`` indices are left as they are and the Rewrite
+        adds a version to the fragment reuse index, through which readers use them
+        (remap later with ``create_index(..., replace=True)``). On a table with stable
+        row ids nothing needs remapping."""
         return self._run(
-            plan_compact(options or {}),
+            plan_compact(options or {}, strict=expected_version is not None),
             _args(commit_message, properties, idempotency_key, expected_version),
             VerbFlags(replannable=True),
         )
