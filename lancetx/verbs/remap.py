@@ -41,12 +41,12 @@ from lancetx.commit.engine.operations import (
     RewriteGroup,
     RewrittenIndex,
 )
-from lancetx.commit.errors import FormatError
 from lancetx.commit.format.manifest import encode_manifest
 from lancetx.commit.format.naming import INDICES_DIR, NamingScheme, join, manifest_key
 from lancetx.commit.format.snapshot import load_version
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.errors import IndexRemapError
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -55,15 +55,6 @@ log = logging.getLogger(__name__)
 CHUNK = 64 * 1024 * 1024
 #: The scratch table's folder inside its temporary directory.
 _SCRATCH = "scratch.lance"
-
-
-class RemapError(FormatError):
-    """pylance's scratch commit did not produce what the remap needs (a pylance
-    that assigns fragment ids or names index files differently than the one
-    lancetx was built against). Nothing was committed; the compaction's files
-    were removed."""
-
-    kind = "index remap"
 
 
 @dataclass
@@ -129,7 +120,7 @@ def remap_in_scratch(
         done = load_version(local, _SCRATCH)
         txn = done.transaction()
         if txn is None or txn.WhichOneof("operation") != "rewrite":
-            raise RemapError(
+            raise IndexRemapError(
                 store.uri(base),
                 f"pylance's scratch commit ended at version {done.version} without a Rewrite",
             )
@@ -154,7 +145,7 @@ def _read_back(
     got = sorted(f.id for g in rewrite.groups for f in g.new_fragments)
     wanted = list(range(first_id, first_id + count))
     if got != wanted:
-        raise RemapError(
+        raise IndexRemapError(
             uri,
             f"pylance gave the compacted fragments ids {got}, but ids {wanted} were reserved "
             "for them; the remapped indices would point at the wrong fragments",
@@ -162,7 +153,9 @@ def _read_back(
     paths = sorted(f.path for r in results for frag in r.new_fragments for f in frag.files)
     written = sorted(f.path for g in rewrite.groups for frag in g.new_fragments for f in frag.files)
     if paths != written:
-        raise RemapError(uri, "pylance's scratch Rewrite names other data files than its tasks")
+        raise IndexRemapError(
+            uri, "pylance's scratch Rewrite names other data files than its tasks"
+        )
     reuse = [i for i in indices if i.name == FRAG_REUSE_INDEX_NAME]
     return Remapped(
         groups=tuple(rewrite.groups),
@@ -203,4 +196,4 @@ def _copy_out(
                 store.put(key, data.read())
 
 
-__all__ = ["CHUNK", "RemapError", "Remapped", "Uploads", "index_dir", "remap_in_scratch"]
+__all__ = ["CHUNK", "Remapped", "Uploads", "index_dir", "remap_in_scratch"]
