@@ -410,6 +410,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:meth:`lancetx.Table.commit_fragments` through this table's own clients
         (creates the table if :func:`open` was given ``missing_ok=True`` and it has no
@@ -428,6 +429,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         return await self._run_result(*verb)
 
@@ -514,6 +516,7 @@ async def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """The async :func:`lancetx.commit_fragments`."""
     verb = fragments_verb(
@@ -530,6 +533,7 @@ async def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
     return await run_verb_async(state, *verb)

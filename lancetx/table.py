@@ -565,6 +565,7 @@ class Table(TableVerbs[int]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:func:`lancetx.commit_fragments` on this Table: the same commit, planned
         against the newest version this Table knows and through its connection (a
@@ -587,6 +588,7 @@ class Table(TableVerbs[int]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         result = run_verb(self._state, *verb)
         self.last_commit = result
@@ -782,6 +784,7 @@ def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
@@ -800,7 +803,9 @@ def commit_fragments(
     (``deduplicated``) instead of committing again; ``idempotency_since`` skips the
     versions known not to hold it. ``commit_timeout`` bounds how long lost races are
     retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
-    call again with the same key to settle it."""
+    call again with the same key to settle it. ``enable_stable_row_ids=True`` creates
+    the table with stable row ids, as :func:`write_table` does (given for an existing
+    table, it must match what the table has)."""
     verb = fragments_verb(
         uri,
         fragments,
@@ -815,6 +820,7 @@ def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     return run_verb(TableState.connect(uri, storage_options), *verb)
 

@@ -224,6 +224,7 @@ class FragmentsPlan:
         fresh_field_ids: bool = False,
         merge_schema: bool = False,
         null_counts: Mapping[str, int] | None = None,
+        stable_row_ids: bool | None = None,
     ) -> None:
         if schema is not None and not isinstance(schema, pa.Schema):
             raise UnsupportedInputError(uri, schema, "schema= must be a pyarrow.Schema")
@@ -241,9 +242,12 @@ class FragmentsPlan:
         self.fresh_field_ids = fresh_field_ids
         self.merge_schema = merge_schema
         self.null_counts = dict(null_counts or {})
+        self.stable_row_ids = stable_row_ids
         self.checked = False
 
     def __call__(self, ctx: PlanContext) -> Transaction:
+        if ctx.parent is not None:
+            check_stable_row_ids(ctx.uri, self.stable_row_ids, ctx.manifest)
         if not self.checked:
             check_in_data_dir(ctx, self.fragments)
             self.checked = True
@@ -307,12 +311,15 @@ def fragments_verb(
     null_counts: Mapping[str, int] | None,
     idempotency_since: int,
     commit_timeout: float | None,
+    enable_stable_row_ids: bool | None = None,
 ) -> tuple[FragmentsPlan, CommitArgs, VerbFlags]:
     """The plan, arguments and flags of ``commit_fragments`` (sync and async alike)."""
     from lancetx.commit.engine.retry import RetryPolicy
 
     if mode not in ("append", "overwrite"):
         raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    if enable_stable_row_ids is not None:
+        check_write_params({STABLE_ROW_IDS_PARAM: enable_stable_row_ids})
     plan = FragmentsPlan(
         uri,
         list(fragments),
@@ -321,6 +328,7 @@ def fragments_verb(
         fresh_field_ids=fresh_field_ids,
         merge_schema=merge_schema,
         null_counts=null_counts,
+        stable_row_ids=enable_stable_row_ids,
     )
     args = CommitArgs(
         commit_message,
@@ -329,6 +337,7 @@ def fragments_verb(
         expected_version,
         idempotency_since=idempotency_since,
         retry=RetryPolicy(max_elapsed=commit_timeout) if commit_timeout is not None else None,
+        stable_row_ids=bool(enable_stable_row_ids),
     )
     flags = VerbFlags(
         # A Merge lists every fragment: a concurrent append forces a new plan.

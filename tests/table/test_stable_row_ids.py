@@ -17,6 +17,7 @@ import boto3
 import lance
 import pyarrow as pa
 import pytest
+from lance.fragment import write_fragments
 from table_helpers import Api, api_fixture, data_files, ddb_uri, ids
 
 import lancetx
@@ -188,3 +189,38 @@ def test_a_creation_race_lost_to_a_table_without_them_is_refused(
         )
     ds = lance.dataset(uri, storage_options=options)
     assert (ds.version, ds.count_rows(), ds.has_stable_row_ids) == (1, 2, False)
+
+
+def test_commit_fragments_creates_them_for_writers_elsewhere(
+    api: Api, uri: str, options: dict[str, str]
+) -> None:
+    """Fragments written as a new dataset (as Spark executors write them) create the
+    table with stable row ids; a later commit asking otherwise is refused."""
+    table = api.open(uri, options, missing_ok=True)
+    written = write_fragments(ids(6), table.data_uri, mode="overwrite", storage_options=options)
+    result = api.commit_fragments(
+        uri,
+        written,
+        schema=ids(1).schema,
+        storage_options=options,
+        fresh_field_ids=True,
+        enable_stable_row_ids=True,
+    )
+    assert result.version == 1
+    assert _row_ids(uri, options) == {i: i for i in range(6)}
+    more = write_fragments(
+        ids(2, start=6), table.data_uri, mode="overwrite", storage_options=options
+    )
+    with pytest.raises(InvalidWriteParamError, match="cannot be turned off"):
+        api.commit_fragments(
+            uri,
+            more,
+            schema=ids(1).schema,
+            storage_options=options,
+            fresh_field_ids=True,
+            enable_stable_row_ids=False,
+        )
+    result = api.commit_fragments(
+        uri, more, schema=ids(1).schema, storage_options=options, fresh_field_ids=True
+    )
+    assert _row_ids(uri, options, result.version) == {i: i for i in range(8)}
