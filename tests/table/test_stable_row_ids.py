@@ -140,6 +140,22 @@ def test_a_rebased_append_takes_ids_after_the_winners(uri: str, options: dict[st
     }
     assert _manifest(late).next_row_id == 11
 
+    # An upsert planned on version 4 loses to an append too: the row it updates
+    # keeps its id, the row it inserts takes one after the winner's.
+    upsert = lancetx.open(uri, options)
+    assert upsert.version == 4  # it plans on this one
+    winner.append(ids(1, start=40))
+    upsert_data = pa.table({"id": pa.array([1, 50], pa.int64()), "name": ["one", "fifty"]})
+    version = (
+        upsert.merge_insert("id")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute(upsert_data)
+    )
+    assert version == 6
+    found = _row_ids(uri, options, version)
+    assert (found[1], found[40], found[50]) == (1, 11, 12)
+
 
 def test_refused_where_it_cannot_be_honoured(
     uri: str, options: dict[str, str], aws: EmbeddedAws, bucket: str
