@@ -125,7 +125,19 @@ def remap_in_scratch(
                 f"pylance's scratch commit ended at version {done.version} without a Rewrite",
             )
         remapped = _read_back(store.uri(base), txn.rewrite, done.indices, results, first_id)
+        had = {bytes(i.uuid.uuid) for i in indices}
+        if (
+            remapped.frag_reuse_index is not None
+            and bytes(remapped.frag_reuse_index.uuid.uuid) in had
+        ):
+            # pylance added no version (no index covers a rewritten group): the
+            # table's index stays as it is, and is not ours to copy (or delete).
+            remapped.frag_reuse_index = None
         for item in remapped.rewritten_indices:
+            if bytes(item.new_id.uuid) in had:
+                raise IndexRemapError(
+                    store.uri(base), "pylance's remapped index reuses the uuid of an existing one"
+                )
             _copy_out(local, store, base, str(uuidlib.UUID(bytes=bytes(item.new_id.uuid))), uploads)
         reuse = remapped.frag_reuse_index
         if reuse is not None:
