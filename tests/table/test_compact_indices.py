@@ -310,6 +310,48 @@ def test_a_delete_racing_the_compaction_plans_it_again(
     assert _index_dirs(s3, bucket) <= _referenced_index_dirs(uri, options)
 
 
+def test_a_pylance_compaction_racing_ours(
+    uri: str,
+    options: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    aws: EmbeddedAws,
+    bucket: str,
+) -> None:
+    """pylance compacts (and remaps) the same fragments through DynamoDB while ours
+    is remapping: ours conflicts, is planned again, finds nothing left to compact,
+    and removes everything its first attempt wrote."""
+    s3 = boto3.client("s3", **aws.client_kwargs())
+    table = _indexed_table(Api("sync"), uri, options)
+    expected = _search(lance.dataset(uri, storage_options=options))
+    remap = maintenance.remap_in_scratch
+
+    def remap_then_pylance(*args: Any, **kwargs: Any) -> Any:
+        out = remap(*args, **kwargs)
+        lance.dataset(uri, storage_options=options).optimize.compact_files()
+        return out
+
+    monkeypatch.setattr(maintenance, "remap_in_scratch", remap_then_pylance)
+    version = table.compact()
+    ds = lance.dataset(uri, storage_options=options)
+    assert version == ds.version and table.last_commit.plans == 2
+    last = table.history()[-1]
+    assert (last.operation, last.committer) == ("Rewrite", "lance"), "pylance's compaction holds"
+    assert len(ds.get_fragments()) == 1
+    assert _coverage(ds) == {"num_indexed_rows": ds.count_rows(), "num_unindexed_rows": 0}
+    assert _search(ds) == expected
+    # Nothing of ours is left: every data file and index folder is some version's.
+    assert _index_dirs(s3, bucket) <= _referenced_index_dirs(uri, options)
+    referenced = {
+        f"t.lance/data/{f.path}"
+        for v in ds.versions()
+        for frag in lance.dataset(
+            uri, version=v["version"], storage_options=options
+        ).get_fragments()
+        for f in frag.data_files()
+    }
+    assert data_files(s3, bucket, "t.lance/data/") <= referenced
+
+
 @pytest.mark.parametrize("failure", [OSError, KeyboardInterrupt])
 def test_a_failing_remap(
     uri: str,
