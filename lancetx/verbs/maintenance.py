@@ -214,7 +214,7 @@ class CompactPlan:
         in strict mode, the ids after the read version's high-water mark (a strict
         commit lands only if nothing else did)."""
         manifest = ctx.manifest
-        if self.strict:
+        if self.strict or count == 0:  # (no new fragment: nothing to reserve)
             high = manifest.max_fragment_id if manifest.HasField("max_fragment_id") else -1
             return max([high, *(f.id for f in manifest.fragments)]) + 1
         handler = ctx.state.conn.handler
