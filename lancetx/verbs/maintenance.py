@@ -141,15 +141,6 @@ class CompactPlan:
             covered = index_fragment_ids(index)
             if covered is not None and not covered & old_ids:
                 continue
-            if index.HasField("base_id"):
-                log.warning(
-                    "%s: index %r lives under base path %d; lancetx does not remap it, so "
-                    "the compacted rows are searched without it until it is rebuilt",
-                    ctx.uri,
-                    index.name,
-                    index.base_id,
-                )
-                continue
             touched.append(index)
         return touched or None
 
@@ -179,6 +170,7 @@ class CompactPlan:
                 first_id=first_id,
                 options=self.options,
                 uploads=uploads,
+                storage_options=ctx.state.pylance_storage_options(),
             )
         except BaseException as error:
             ordinary = isinstance(error, Exception)

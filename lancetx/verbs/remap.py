@@ -88,6 +88,7 @@ def remap_in_scratch(
     first_id: int,
     options: Mapping[str, Any],
     uploads: Uploads,
+    storage_options: Mapping[str, str] | None = None,
 ) -> Remapped:
     """Run pylance's ``Compaction.commit`` of ``results`` (the tasks' RewriteResults,
     planned against ``manifest``) in a scratch table holding ``indices``, with new
@@ -96,7 +97,9 @@ def remap_in_scratch(
 
     Remapping reads the indices' files, so they are copied in; a deferred remap
     reads only the fragment reuse index (the others' metadata tells it which
-    groups an index covers)."""
+    groups an index covers). An index under another base path (a shallow clone's,
+    in its source) is read there by pylance, with ``storage_options``; its remapped
+    files are the table's own, like every other's."""
     from lance import dataset as open_dataset
     from lance.optimize import Compaction
 
@@ -113,10 +116,13 @@ def remap_in_scratch(
             encode_manifest(scratch, indices=list(indices)),
         )
         for index in indices:
-            if remaps or index.name == FRAG_REUSE_INDEX_NAME:
+            if (remaps or index.name == FRAG_REUSE_INDEX_NAME) and not index.HasField("base_id"):
                 _copy_in(store, base, local, index)
         settings: Any = dict(options)  # pylance's CompactionOptions (a TypedDict)
-        Compaction.commit(open_dataset(os.path.join(tmp, _SCRATCH)), list(results), settings)
+        scratch_ds = open_dataset(
+            os.path.join(tmp, _SCRATCH), storage_options=dict(storage_options or {}) or None
+        )
+        Compaction.commit(scratch_ds, list(results), settings)
         done = load_version(local, _SCRATCH)
         txn = done.transaction()
         if txn is None or txn.WhichOneof("operation") != "rewrite":

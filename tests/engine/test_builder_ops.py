@@ -200,8 +200,10 @@ def test_rewrite_replaces_each_group_with_new_fragments() -> None:
 
 def test_rewrite_with_reserved_ids_swaps_remapped_indices() -> None:
     """A remapping compaction: new fragments carry their reserved ids, and each
-    rewritten index gets its new uuid and files and covers the new fragments."""
+    rewritten index gets its new uuid and files (in the table's own folder, even
+    when the old ones were under a base path) and covers the new fragments."""
     old = index("v_idx", [1], [0, 1, 2])
+    old.base_id = 0  # read from a clone's source: the remapped files are the table's own
     txn = Txn(read_version=3)
     group = txn.rewrite.groups.add()
     group.old_fragments.extend([frag(0), frag(1)])
@@ -216,6 +218,7 @@ def test_rewrite_with_reserved_ids_swaps_remapped_indices() -> None:
     assert v_idx.uuid.uuid == rewritten.new_id.uuid
     assert [f.path for f in v_idx.files] == ["index.idx"]
     assert fragment_bitmap(v_idx) == BitMap([2, 7])
+    assert not v_idx.HasField("base_id")
 
 
 def test_rewrite_carrying_a_fragment_reuse_index_replaces_the_tables() -> None:

@@ -214,6 +214,37 @@ def test_strict_compaction_reserves_nothing(uri: str, options: dict[str, str]) -
     assert _search(after) == expected
 
 
+def test_a_clone_remaps_the_index_it_reads_from_its_source(
+    uri: str, options: dict[str, str], aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A shallow clone reads its source's index (under a base path). Compacting the
+    clone remaps it into the clone's own folder (pylance reads the old files where
+    they are) and the source is untouched. (pylance's own compaction of a clone
+    keeps the old base id and leaves an index whose files are not there.)"""
+    s3 = boto3.client("s3", **aws.client_kwargs())
+    _indexed_table(Api("sync"), uri, options)
+    expected = _search(lance.dataset(uri, storage_options=options))
+    source_objects = data_files(s3, bucket, "t.lance/")
+    target = ddb_uri(bucket, ddb_table_name, "clone.lance")
+    clone = lancetx.clone(uri, target, storage_options=options)
+    (inherited,) = clone.dataset.describe_indices()[0].segments
+
+    version = clone.compact()
+
+    ds = lance.dataset(target, version=version, storage_options=options)
+    assert len(ds.get_fragments()) == 1
+    assert _coverage(ds) == {"num_indexed_rows": ds.count_rows(), "num_unindexed_rows": 0}
+    assert _uses_the_index(_plan(ds)), _plan(ds)
+    assert _search(ds) == expected
+    (remapped,) = ds.describe_indices()[0].segments
+    assert remapped.uuid != inherited.uuid
+    assert any(
+        k.startswith(f"clone.lance/_indices/{remapped.uuid}/")
+        for k in data_files(s3, bucket, "clone.lance/_indices/")
+    )
+    assert data_files(s3, bucket, "t.lance/") == source_objects, "the source is untouched"
+
+
 @pytest.mark.parametrize(
     ("writer", "when"), [("lancetx", "before_reserving"), ("pylance", "after_reserving")]
 )
