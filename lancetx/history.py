@@ -6,8 +6,9 @@ transaction file. Versions are loaded in parallel.
 
 Versions a cleanup removed keep their DynamoDB items for a while (fences against
 writers holding an old parent), so the version store still lists them: they are
-left out (:func:`lancetx.commit.format.retention.removed_versions` tells them from
-versions whose manifest is missing, which raise).
+left out — those whose item the cleanup marked removed, and those below the
+cleanup horizon (:func:`lancetx.commit.format.retention.removed_versions`) — and
+told from versions whose manifest is missing, which raise.
 """
 
 from __future__ import annotations
@@ -145,12 +146,15 @@ def map_versions(
         if isinstance(result, _Gone)
     }
     if gone:
+        # A staged item's version is never removed by a cleanup; an item a cleanup
+        # marked is, wherever it lies; others are judged by the cleanup horizon.
+        marked = {loc.version for loc in locations if loc.version in gone and loc.removed}
         removable = [
             loc.version
             for loc in locations
-            if loc.version in gone and loc.alternate_key is None  # a staged item's: never
+            if loc.version in gone and loc.alternate_key is None and loc.version not in marked
         ]
-        removed = removed_versions(store, base, removable)
+        removed = marked | removed_versions(store, base, removable)
         for version in sorted(gone):
             if version not in removed:
                 raise gone[version]

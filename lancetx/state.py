@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from lancetx.commit.engine.committer import Committed, Parent, load_parent
-from lancetx.commit.errors import DatasetNotFoundError, VersionNotFoundError
+from lancetx.commit.errors import DatasetNotFoundError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.commit.format.schema import fields_to_arrow_schema
@@ -159,12 +159,19 @@ class TableState:
         try:
             found = load_parent(self.conn.handler, self.conn.base, version)
         except VersionNotFoundError:
-            existing = [loc.version for loc in self.conn.handler.list_versions(self.conn.base, 0)]
+            raise VersionNotFoundError(self.uri, version, self._nearest(version)) from None
+        except ObjectNotFoundError:
+            # The handler says "not found" only for a manifest known to be gone (a
+            # cleanup removed it; a missing one it reports as such).
             raise VersionNotFoundError(
-                self.uri, version, nearest_versions(existing, version)
+                self.uri, version, f"a cleanup removed it; {self._nearest(version)}"
             ) from None
         assert found is not None
         return found
+
+    def _nearest(self, version: int) -> str:
+        locations = self.conn.handler.list_versions(self.conn.base, 0)
+        return nearest_versions([loc.version for loc in locations if not loc.removed], version)
 
     def dataset(self, version: int, manifest: ManifestFile | None = None) -> LanceDataset:
         """pylance's dataset at ``version`` (opened once per version, sharing one session).

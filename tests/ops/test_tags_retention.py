@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import lance
 import pytest
-from cli_helpers import DdbTable, age_objects, run_cli
+from cli_helpers import CliResult, DdbTable, age_objects, run_cli
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 
 import lancetx
@@ -161,3 +161,103 @@ def test_a_version_tagged_while_cleanup_removes_it_is_put_back(
     assert lance.dataset(uri, version="late", storage_options=options).count_rows() == 2
     assert verify_table(ops, deep=True, all_versions=True).ok
     assert [v.version for v in lancetx.open(uri, options).history()] == [2, 4]
+
+
+def _tagged_table_cleaned(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> tuple[str, dict[str, str], dict[int, list[int]]]:
+    """Versions 1..8 (appends), tag "two" (lancetx) at 2 and "five" (pylance) at 5,
+    then ``lancetx-sync cleanup --keep-versions 1`` as a user runs it: versions 2 and 5
+    are kept between removed ones (1, 3, 4, 6, 7). Returns the URI, the storage
+    options and every version's rows as they were before the cleanup."""
+    options = aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "t.lance", ddb_table_name)
+    table = lancetx.write_table(uri, batch("w", 0, 2), storage_options=options)
+    for n in range(1, 8):
+        table.append(batch("w", n, 2))
+    table.tags.create("two", 2)
+    lance.dataset(uri, storage_options=options).tags.create("five", 5)
+    before = {v: _rows(table.checkout(v)) for v in range(1, 9)}
+    done = run_cli(aws, "cleanup", uri, "--keep-versions", "1", "--json")
+    assert done.code == 0, done.stdout + done.stderr
+    assert done.json["removed_versions"] == [1, 3, 4, 6, 7]
+    return uri, options, before
+
+
+def _agree(uri: str, options: dict[str, str], versions: list[int]) -> None:
+    """lancetx's history, pylance's version list and both readers agree on ``versions``."""
+    assert [v.version for v in lancetx.open(uri, options).history()] == versions
+    ds = lance.dataset(uri, storage_options=options)
+    assert [v["version"] for v in ds.versions()] == versions
+    for version in versions:
+        ours = lancetx.open(uri, options, version=version).count_rows()
+        assert ours == lance.dataset(uri, version=version, storage_options=options).count_rows()
+    assert {n: t.version for n, t in lancetx.open(uri, options).tags.list().items()} == {
+        n: t["version"] for n, t in ds.tags.list().items()
+    }
+
+
+def _commands_exit_0(aws: EmbeddedAws, uri: str) -> dict[str, CliResult]:
+    ran = {}
+    for command in (["verify"], ["gc", "--older-than", "7d", "--delete"], ["cleanup"]):
+        extra = ["--keep-versions", "1"] if command == ["cleanup"] else []
+        done = run_cli(aws, command[0], uri, *command[1:], *extra, "--json")
+        assert done.code == 0, (command, done.stdout, done.stderr)
+        ran[command[0]] = done
+    return ran
+
+
+def test_tags_deleted_or_moved_after_cleanup_leave_every_version_readable_and_commands_clean(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """The kept tagged versions sit between removed ones. Deleting or moving their tags
+    afterwards (by pylance or lancetx) must not make the removed versions around them
+    look missing: history, pylance and every operator command agree, and the next
+    cleanup removes the untagged ones."""
+    uri, options, before = _tagged_table_cleaned(legacy_aws, bucket, ddb_table_name)
+    _agree(uri, options, [2, 5, 8])
+    assert lance.dataset(uri, version="five", storage_options=options).count_rows() == 10
+    assert _rows(lancetx.open(uri, options, version="two")) == before[2]
+    _commands_exit_0(legacy_aws, uri)
+
+    # pylance deletes the upper tag: version 5 is untagged above removed 3 and 4 and
+    # below removed 6 and 7
+    lance.dataset(uri, storage_options=options).tags.delete("five")
+    _agree(uri, options, [2, 5, 8])
+    assert _rows(lancetx.open(uri, options).checkout(5)) == before[5]
+    for version in (6, 7):
+        with pytest.raises(lancetx.VersionNotFoundError):
+            lancetx.open(uri, options, version=version)
+    ran = _commands_exit_0(legacy_aws, uri)
+    assert ran["cleanup"].json["removed_versions"] == [5]
+    _agree(uri, options, [2, 8])
+
+    # lancetx moves the lower tag to the latest: version 2 is untagged below removed ones
+    lancetx.open(uri, options).tags.update("two", 8)
+    _agree(uri, options, [2, 8])
+    ran = _commands_exit_0(legacy_aws, uri)
+    assert ran["cleanup"].json["removed_versions"] == [2]
+    _agree(uri, options, [8])
+    assert _rows(lancetx.open(uri, options, version="two")) == before[8]
+
+
+def test_tag_deleted_after_cleanup_by_lancetx_keeps_the_next_commit_and_reads_clean(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """The lower tag deleted by lancetx: every removed version lies above an untagged
+    kept one. A commit after that lands above them all, and a cleanup run while the
+    tag is gone removes version 2 and keeps the tagged 5."""
+    uri, options, before = _tagged_table_cleaned(legacy_aws, bucket, ddb_table_name)
+    table = lancetx.open(uri, options)
+    table.tags.delete("two")
+    _agree(uri, options, [2, 5, 8])
+    with pytest.raises(lancetx.VersionNotFoundError, match="a cleanup removed it"):
+        table.tags.create("three", 3)
+    table.append(batch("w", 8, 2))  # v9
+    assert table.version == 9
+    _agree(uri, options, [2, 5, 8, 9])
+    ran = _commands_exit_0(legacy_aws, uri)
+    assert ran["cleanup"].json["removed_versions"] == [2, 8]
+    _agree(uri, options, [5, 9])
+    assert _rows(lancetx.open(uri, options, version="five")) == before[5]
