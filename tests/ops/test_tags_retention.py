@@ -5,6 +5,7 @@ commands stay clean afterwards (the CLI as users run it)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import lance
 import pytest
@@ -13,8 +14,10 @@ from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 
 import lancetx
 from lancetx.demo.embedded import EmbeddedAws
+from lancetx.ops import cleanup as cleanup_module
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
+from lancetx.ops.items import ItemChangedError
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table
 
@@ -283,6 +286,9 @@ def test_tags_deleted_or_moved_after_cleanup_leave_every_version_readable_and_co
     assert lance.dataset(uri, version="five", storage_options=options).count_rows() == 10
     assert _rows(lancetx.open(uri, options, version="two")) == before[2]
     # (verify, gc and cleanup exit 0 here: the test at the top of this file)
+    for removed in (1, 3, 6):  # removed, not dangling, below and between the kept ones
+        with pytest.raises(lancetx.VersionNotFoundError, match="a cleanup removed it"):
+            lancetx.open(uri, options, version=removed)
 
     # pylance deletes the upper tag: version 5 is untagged above removed 3 and 4 and
     # below removed 6 and 7
@@ -324,3 +330,29 @@ def test_tag_deleted_after_cleanup_by_lancetx_keeps_the_next_commit_and_reads_cl
     assert ran["cleanup"].json["removed_versions"] == [2, 8]
     _agree(uri, options, [5, 9])
     assert _rows(lancetx.open(uri, options, version="five")) == before[5]
+
+
+def test_an_item_that_cannot_be_marked_keeps_its_version_and_every_later_one(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Marking version 4's item fails (it changed meanwhile): nothing from version 4 on
+    is removed, so the versions removed stay marked and the run reports the item."""
+    uri, options, before = _tagged_table_setup(legacy_aws, bucket, ddb_table_name)
+    real = cleanup_module.mark_item_removed
+
+    def refuse_4(entries: Any, base: str, version: int, path: str, at_ms: int) -> None:
+        if version == 4:
+            raise ItemChangedError(f"version {version} changed")
+        real(entries, base, version, path, at_ms)
+
+    monkeypatch.setattr(cleanup_module, "mark_item_removed", refuse_4)
+    report = cleanup_versions(open_table(uri, options), keep_versions=1)
+    monkeypatch.undo()
+    assert not report.ok and "item of version 4 changed" in report.errors[0]
+    assert report.removed_versions == [1, 3]
+    _agree(uri, options, [2, 4, 5, 6, 7, 8])
+    lance.dataset(uri, storage_options=options).tags.delete("two")
+    _agree(uri, options, [2, 4, 5, 6, 7, 8])
+    assert _rows(lancetx.open(uri, options, version=4)) == before[4]
+    ran = _commands_exit_0(legacy_aws, uri)
+    assert ran["cleanup"].json["removed_versions"] == [2, 4, 6, 7]
