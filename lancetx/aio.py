@@ -22,7 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+)
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -280,6 +287,27 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return self._sync.schema
 
     @property
+    def exists(self) -> bool:
+        """See :attr:`lancetx.Table.exists` (False for a table opened with
+        ``missing_ok=True`` where nothing is yet)."""
+        return self._sync.exists
+
+    @property
+    def data_storage_version(self) -> str | None:
+        """See :attr:`lancetx.Table.data_storage_version`."""
+        return self._sync.data_storage_version
+
+    @property
+    def pylance_storage_options(self) -> dict[str, str]:
+        """See :attr:`lancetx.Table.pylance_storage_options`."""
+        return self._sync.pylance_storage_options
+
+    def check_fragment_schema(self, schema: pa.Schema, *, merge_schema: bool = False) -> None:
+        """See :meth:`lancetx.Table.check_fragment_schema` (no request: the manifest is
+        already read)."""
+        self._sync.check_fragment_schema(schema, merge_schema=merge_schema)
+
+    @property
     def sync(self) -> Table:
         """The synchronous Table over the same state (for code that is not async)."""
         return self._sync
@@ -359,6 +387,50 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
     async def find_idempotency_key(self, key: str) -> int | None:
         return await asyncio.to_thread(self._sync.find_idempotency_key, key)
 
+    async def walk_history(self, *, since: int = 0) -> AsyncIterator[VersionInfo]:
+        """:meth:`lancetx.Table.walk_history` (newest first, read as the iteration goes
+        on), each step on a worker thread so the event loop stays free."""
+        versions = self._sync.walk_history(since=since)
+        done = object()
+        while (info := await asyncio.to_thread(next, versions, done)) is not done:
+            yield info  # type: ignore[misc]
+
+    async def commit_fragments(
+        self,
+        fragments: Iterable[Any],
+        *,
+        schema: pa.Schema | None,
+        mode: str = "append",
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        fresh_field_ids: bool = False,
+        merge_schema: bool = False,
+        null_counts: Mapping[str, int] | None = None,
+        idempotency_since: int = 0,
+        commit_timeout: float | None = None,
+    ) -> CommitResult:
+        """:meth:`lancetx.Table.commit_fragments` through this table's own clients
+        (creates the table if :func:`open` was given ``missing_ok=True`` and it has no
+        version yet). Returns the CommitResult."""
+        verb = fragments_verb(
+            self.uri,
+            fragments,
+            schema=schema,
+            mode=mode,
+            commit_message=commit_message,
+            properties=properties,
+            idempotency_key=idempotency_key,
+            expected_version=expected_version,
+            fresh_field_ids=fresh_field_ids,
+            merge_schema=merge_schema,
+            null_counts=null_counts,
+            idempotency_since=idempotency_since,
+            commit_timeout=commit_timeout,
+        )
+        return await self._run_result(*verb)
+
 
 @checked
 async def open(
@@ -366,15 +438,17 @@ async def open(
     storage_options: Mapping[str, str] | None = None,
     *,
     version: int | str | None = None,
+    missing_ok: bool = False,
 ) -> AsyncTable:
-    """The async :func:`lancetx.open` (with ``version``, also while the latest
-    version cannot be read: see there)."""
+    """The async :func:`lancetx.open` (``missing_ok`` as there: the table of a path
+    with no version yet, which :meth:`AsyncTable.commit_fragments` creates; with
+    ``version``, also while the latest version cannot be read: see there)."""
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
     if version is not None:
         if not await asyncio.to_thread(state.refresh_to_read_older):
             raise DatasetNotFoundError(uri)
         return await AsyncTable(state).checkout(version)
-    if await asyncio.to_thread(state.refresh) is None:
+    if await asyncio.to_thread(state.refresh) is None and not missing_ok:
         raise DatasetNotFoundError(uri)
     return AsyncTable(state)
 

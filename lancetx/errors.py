@@ -82,6 +82,7 @@ bracket this module)::
     │   ├── EndpointUnreachableError *     could not connect (nothing was sent)
     │   ├── ServiceUnavailableError *      5xx / dropped connection after retries
     │   ├── InvalidRequestError            DynamoDB rejected the request
+    │   │   └── OperationNotImplementedError  the endpoint lacks the operation (dynalite: transactions)
     │   ├── EntryExistsError               the version's item exists (a lost race)
     │   ├── BatchEntryExistsError              one of several versions' items exists
     │   ├── KeyExistsError                 the idempotency key's item exists
@@ -189,6 +190,7 @@ from lancetx.externalstore.errors import (
     ManifestSizeMismatchError,
     ManifestVersionMismatchError,
     MultiTableClaimLostError,
+    OperationNotImplementedError,
     ServiceUnavailableError,
     StoreSchemaTooNewError,
     TableCollisionError,
@@ -681,6 +683,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStoreError",
     "ObjectTooLargeError",
+    "OperationNotImplementedError",
     "PylanceCommitsItselfError",
     "ReadOnlyTableError",
     "RepairVerificationError",

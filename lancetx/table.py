@@ -527,12 +527,15 @@ class Table(TableVerbs[int]):
         matched by path and their types must be the table's (new columns need
         ``merge_schema``). Raises SchemaConversionError for a column Lance cannot
         hold and ColumnMismatchError naming the first column that does not fit. Nulls
-        in non-nullable columns are checked at the commit (only then are they counted)."""
+        in non-nullable columns are checked at the commit (only then are they counted).
+        On a table with no version yet every column Lance can hold fits."""
         from lancetx.commit.format.schema import arrow_schema_to_fields
         from lancetx.verbs.field_ids import match_columns
 
-        fields = self._state.parent_at(self.version).manifest.manifest.fields
         ours = arrow_schema_to_fields(schema)[0]
+        if not self.exists:
+            return
+        fields = self._state.parent_at(self.version).manifest.manifest.fields
         match_columns(self.uri, ours, list(fields), merge_schema=merge_schema)
 
     def commit_fragments(
