@@ -488,8 +488,9 @@ class Table(TableVerbs[int]):
 
     def history(self) -> list[VersionInfo]:
         """Every version up to :attr:`version`, oldest first, with operation, commit
-        message, properties, committer and rows (one GET per version, in parallel;
-        each read once per process). Empty for a table that does not exist yet."""
+        message, properties, committer, rows, fragments and the data bytes it holds,
+        added and removed (one GET per version, in parallel; each read once per
+        process). Empty for a table that does not exist yet."""
         if not self.exists:
             return []
         return self._state.history(until=self.version)
