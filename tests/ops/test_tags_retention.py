@@ -197,7 +197,7 @@ def test_cleanup_interrupted_between_marking_and_deleting_leaves_a_readable_tabl
     report = cleanup_versions(open_table(uri, options), keep_versions=1)
     assert report.ok and report.removed_versions == [1, 3, 4, 5, 6, 7]
     _agree(uri, options, [2, 8])
-    _commands_exit_0(legacy_aws, uri)
+    _maintenance_clean(uri, options)
 
 
 def test_versions_pylance_cleaned_up_are_marked_by_the_next_lancetx_cleanup(
@@ -210,15 +210,15 @@ def test_versions_pylance_cleaned_up_are_marked_by_the_next_lancetx_cleanup(
     ds = lance.dataset(uri, storage_options=options)
     ds.cleanup_old_versions(older_than=timedelta(0), error_if_tagged_old_versions=False)
     _agree(uri, options, [2, 5, 8])
-    done = run_cli(legacy_aws, "cleanup", uri, "--keep-versions", "1", "--json")
-    assert done.code == 0 and done.json["removed_versions"] == [], done.stdout + done.stderr
+    marking = cleanup_versions(open_table(uri, options), keep_versions=1)
+    assert marking.ok and marking.removed_versions == [], marking.errors
     items = DdbTable(legacy_aws, bucket, ddb_table_name, "t.lance", uri, options).items()
     assert [int(i["version"]["N"]) for i in items if "removed_at" in i] == [1, 3, 4, 6, 7]
     lance.dataset(uri, storage_options=options).tags.delete("two")
     _agree(uri, options, [2, 5, 8])
     assert _rows(lancetx.open(uri, options, version=2)) == before[2]
-    ran = _commands_exit_0(legacy_aws, uri)
-    assert ran["cleanup"].json["removed_versions"] == [2]
+    removed = _maintenance_clean(uri, options)
+    assert removed == [2]
 
 
 def _tagged_table_setup(
@@ -274,6 +274,17 @@ def _commands_exit_0(aws: EmbeddedAws, uri: str) -> dict[str, CliResult]:
     return ran
 
 
+def _maintenance_clean(uri: str, options: dict[str, str]) -> list[int]:
+    """What ``_commands_exit_0`` runs, through the library (the CLI's own tests are the
+    ones above): verify, gc and cleanup all succeed; cleanup's removed versions."""
+    ops = open_table(uri, options)
+    assert verify_table(ops, deep=True, all_versions=True).ok
+    assert collect_garbage(ops, older_than=timedelta(days=7), dry_run=False).ok
+    report = cleanup_versions(ops, keep_versions=1)
+    assert report.ok, report.errors
+    return report.removed_versions
+
+
 def test_tags_deleted_or_moved_after_cleanup_leave_every_version_readable_and_commands_clean(
     legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
@@ -326,8 +337,8 @@ def test_tag_deleted_after_cleanup_by_lancetx_keeps_the_next_commit_and_reads_cl
     table.append(batch("w", 8, 2))  # v9
     assert table.version == 9
     _agree(uri, options, [2, 5, 8, 9])
-    ran = _commands_exit_0(legacy_aws, uri)
-    assert ran["cleanup"].json["removed_versions"] == [2, 8]
+    removed = _maintenance_clean(uri, options)
+    assert removed == [2, 8]
     _agree(uri, options, [5, 9])
     assert _rows(lancetx.open(uri, options, version="five")) == before[5]
 
@@ -354,5 +365,5 @@ def test_an_item_that_cannot_be_marked_keeps_its_version_and_every_later_one(
     lance.dataset(uri, storage_options=options).tags.delete("two")
     _agree(uri, options, [2, 4, 5, 6, 7, 8])
     assert _rows(lancetx.open(uri, options, version=4)) == before[4]
-    ran = _commands_exit_0(legacy_aws, uri)
-    assert ran["cleanup"].json["removed_versions"] == [2, 4, 6, 7]
+    removed = _maintenance_clean(uri, options)
+    assert removed == [2, 4, 6, 7]
