@@ -65,7 +65,7 @@ from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.connect import open_async_handler
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
-from lancetx.table import Table, TableVerbs, _args
+from lancetx.table import CLONE_FLAGS, Table, TableVerbs, _args, prepare_clone
 from lancetx.table import history as _sync_history
 from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
@@ -503,6 +503,34 @@ async def write_table(
 
 
 @checked
+async def clone(
+    source: str,
+    target: str,
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    target_storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> AsyncTable:
+    """The async :func:`lancetx.clone`: the source version is read on a worker thread,
+    the clone's first version committed through the new table's own clients."""
+    state, plan = await asyncio.to_thread(
+        prepare_clone, source, target, version, storage_options, target_storage_options
+    )
+    table = AsyncTable(state)
+    result = await run_verb_async(
+        state,
+        plan,
+        _args(commit_message, properties, None, None),
+        CLONE_FLAGS,
+        await table._commit_handler(),
+    )
+    table.last_commit = result
+    return table
+
+
+@checked
 async def commit_fragments(
     uri: str,
     fragments: Iterable[Any],
@@ -560,6 +588,7 @@ preparing each table is pylance's synchronous work anyway, and the claim is one 
 
 __all__ = [
     "AsyncTable",
+    "clone",
     "commit_fragments",
     "commit_many",
     "connect",

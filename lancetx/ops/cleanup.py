@@ -145,13 +145,13 @@ def _files_to_drop(
     keep_refs: set[str] = set()
     keep_indices: set[str] = set()
     for lv in kept:
-        keep_refs |= referenced_keys(table.base, lv.manifest)
-        keep_indices |= index_prefixes(table.base, lv.manifest)
+        keep_refs |= referenced_keys(table.base, lv.manifest, store=table.store)
+        keep_indices |= index_prefixes(table.base, lv.manifest, store=table.store)
     drop: set[str] = set()
     drop_indices: set[str] = set()
     for lv in removed:
-        drop |= referenced_keys(table.base, lv.manifest) - keep_refs
-        drop_indices |= index_prefixes(table.base, lv.manifest) - keep_indices
+        drop |= referenced_keys(table.base, lv.manifest, store=table.store) - keep_refs
+        drop_indices |= index_prefixes(table.base, lv.manifest, store=table.store) - keep_indices
     return drop, drop_indices
 
 
