@@ -64,12 +64,13 @@ from lancetx.committing import (
 from lancetx.committing import Effect as VerbEffect
 from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.connect import open_async_handler
-from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
 from lancetx.table import CLONE_FLAGS, Table, TableVerbs, _args, prepare_clone
+from lancetx.table import history as _sync_history
 from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
+from lancetx.version_history import VersionInfo
 from lancetx.writer import AsyncTableWriter, TableWriter
 
 if TYPE_CHECKING:
@@ -443,15 +444,25 @@ async def open(
     missing_ok: bool = False,
 ) -> AsyncTable:
     """The async :func:`lancetx.open` (``missing_ok`` as there: the table of a path
-    with no version yet, which :meth:`AsyncTable.commit_fragments` creates)."""
+    with no version yet, which :meth:`AsyncTable.commit_fragments` creates; with
+    ``version``, also while the latest version cannot be read: see there)."""
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
-    if await asyncio.to_thread(state.refresh) is None and (not missing_ok or version is not None):
+    if version is not None:
+        if not await asyncio.to_thread(state.refresh_to_read_older):
+            raise DatasetNotFoundError(uri)
+        return await AsyncTable(state).checkout(version)
+    if await asyncio.to_thread(state.refresh) is None and not missing_ok:
         raise DatasetNotFoundError(uri)
-    table = AsyncTable(state)
-    return await table.checkout(version) if version is not None else table
+    return AsyncTable(state)
 
 
 connect = open
+
+
+@checked
+async def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionInfo]:
+    """The async :func:`lancetx.history`."""
+    return await asyncio.to_thread(_sync_history, uri, storage_options)
 
 
 @checked
@@ -591,6 +602,7 @@ __all__ = [
     "commit_fragments",
     "commit_many",
     "connect",
+    "history",
     "open",
     "run_verb_async",
     "write_table",

@@ -19,7 +19,6 @@ from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
 from lancetx.convert import to_transaction
 from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
-from lancetx.history import VersionInfo
 from lancetx.state import TableState
 from lancetx.tags import Tags
 from lancetx.verbs.cloning import ClonePlan, check_apart, source_path
@@ -34,6 +33,7 @@ from lancetx.verbs.maintenance import (
 from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
 from lancetx.verbs.rows import plan_delete, plan_update
 from lancetx.verbs.writing import WritePlan, fragments_verb
+from lancetx.version_history import VersionInfo
 from lancetx.writer import TableWriter
 
 R = TypeVar("R")
@@ -502,8 +502,9 @@ class Table(TableVerbs[int]):
 
     def history(self) -> list[VersionInfo]:
         """Every version up to :attr:`version`, oldest first, with operation, commit
-        message, properties, committer and rows (one GET per version, in parallel;
-        each read once per process). Empty for a table that does not exist yet."""
+        message, properties, committer, rows, fragments and the data bytes it holds,
+        added and removed (one GET per version, in parallel; each read once per
+        process). Empty for a table that does not exist yet."""
         if not self.exists:
             return []
         return self._state.history(until=self.version)
@@ -708,15 +709,35 @@ def open(
     ``missing_ok``: then the Table of a table that does not exist yet
     (:attr:`Table.exists` False, :attr:`Table.data_uri` known) is returned, which
     :meth:`Table.commit_fragments` creates. With ``version`` (a number or a tag's
-    name) returns a read-only view of that version."""
+    name) returns a read-only view of that version: also while the latest version
+    cannot be read (wedged, its manifest missing or corrupt), which is then logged
+    once as a warning naming it and the ``lancetx-sync repair`` command."""
     state = TableState.connect(uri, storage_options)
-    if state.refresh() is None and (not missing_ok or version is not None):
+    if version is not None:
+        if not state.refresh_to_read_older():
+            raise DatasetNotFoundError(uri)
+        return Table(state).checkout(version)
+    if state.refresh() is None and not missing_ok:
         raise DatasetNotFoundError(uri)
-    table = Table(state)
-    return table.checkout(version) if version is not None else table
+    return Table(state)
 
 
 connect = open
+
+
+@checked
+def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionInfo]:
+    """Every version of the table at ``uri``, oldest first, as :meth:`Table.history`
+    reports them; ``[]`` where nothing was ever committed. While the latest version
+    cannot be read (wedged, its manifest missing or corrupt), the versions before it,
+    the broken one logged once as a warning naming it and the ``lancetx-sync repair``
+    command (as :func:`open` with ``version=`` does)."""
+    state = TableState.connect(uri, storage_options)
+    if not state.refresh_to_read_older():
+        return []
+    if state.broken_head is not None:
+        return state.history(until=state.broken_head - 1)
+    return state.history(until=state.require_parent().version)
 
 
 @checked
