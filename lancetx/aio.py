@@ -20,6 +20,7 @@ without a warning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
 from collections.abc import (
@@ -410,6 +411,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:meth:`lancetx.Table.commit_fragments` through this table's own clients
         (creates the table if :func:`open` was given ``missing_ok=True`` and it has no
@@ -428,6 +430,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         return await self._run_result(*verb)
 
@@ -484,12 +487,17 @@ async def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     table = AsyncTable(state)
     # The table's own clients commit the write, and stay open for its next verbs.
     result = await run_verb_async(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,
@@ -547,6 +555,7 @@ async def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """The async :func:`lancetx.commit_fragments`."""
     verb = fragments_verb(
@@ -563,6 +572,7 @@ async def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
     return await run_verb_async(state, *verb)

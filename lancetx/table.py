@@ -8,6 +8,7 @@ it last committed or opened, without pylance resolving "latest" on its own.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -231,10 +232,21 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Rewrite small fragments (and fragments with many deleted rows) into fewer
-        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
-        Returns the current version unchanged when nothing needs compaction."""
+        ones: pylance's compaction plan and tasks (``options``: pylance's
+        ``CompactionOptions``), one Rewrite committed by lancetx. Returns the current
+        version unchanged when nothing needs compaction.
+
+        Indices keep covering every row, as with pylance's ``compact_files``: vector
+        indices over the rewritten fragments are remapped in the same Rewrite (their
+        files rewritten by pylance so they point into the new fragments; the new
+        fragments' ids are reserved first, which is a version of its own), scalar
+        indices get a segment over the new fragments in a second version. With
+        ``{"defer_index_remap": True}`` indices are left as they are and the Rewrite
+        adds a version to the fragment reuse index, through which readers use them
+        (remap later with ``create_index(..., replace=True)``). On a table with stable
+        row ids nothing needs remapping."""
         return self._run(
-            plan_compact(options or {}),
+            plan_compact(options or {}, strict=expected_version is not None),
             _args(commit_message, properties, idempotency_key, expected_version),
             VerbFlags(replannable=True),
         )
@@ -556,6 +568,7 @@ class Table(TableVerbs[int]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:func:`lancetx.commit_fragments` on this Table: the same commit, planned
         against the newest version this Table knows and through its connection (a
@@ -578,6 +591,7 @@ class Table(TableVerbs[int]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         result = run_verb(self._state, *verb)
         self.last_commit = result
@@ -741,7 +755,13 @@ def write_table(
     **write_params: Any,
 ) -> Table:
     """Write ``data`` as a new table (``mode="create"``), or append to / overwrite the
-    table at ``uri`` (creating it if absent). Returns the Table at the committed version."""
+    table at ``uri`` (creating it if absent). Returns the Table at the committed version.
+
+    ``write_params`` go to ``lance.fragment.write_fragments`` (max_rows_per_file, …),
+    except ``enable_stable_row_ids=True``, which creates the table with stable row ids
+    as Lance does (row-id sequences per fragment, kept by every later verb; pylance's
+    ``_rowid`` reads them). It is chosen when a table is created: given for an
+    existing table, it must match what the table has (InvalidWriteParamError)."""
     if mode not in ("create", "append", "overwrite"):
         raise ValueError(f'mode must be "create", "append" or "overwrite", not {mode!r}')
     state = TableState.connect(uri, storage_options)
@@ -749,10 +769,15 @@ def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     result = run_verb(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,
@@ -840,6 +865,7 @@ def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
@@ -860,7 +886,9 @@ def commit_fragments(
     (``deduplicated``) instead of committing again; ``idempotency_since`` skips the
     versions known not to hold it. ``commit_timeout`` bounds how long lost races are
     retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
-    call again with the same key to settle it."""
+    call again with the same key to settle it. ``enable_stable_row_ids=True`` creates
+    the table with stable row ids, as :func:`write_table` does (given for an existing
+    table, it must match what the table has)."""
     verb = fragments_verb(
         uri,
         fragments,
@@ -875,6 +903,7 @@ def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     return run_verb(TableState.connect(uri, storage_options), *verb)
 
