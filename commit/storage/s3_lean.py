@@ -23,7 +23,10 @@ A lean GET never decides anything: any answer other than a plain success (an err
 status, a connection failure, a response it does not understand) returns None, and
 the caller reads the object the ordinary way, through botocore, whose retries and
 error translation give the definitive answer — so a failure costs one request more,
-and errors are exactly those of the ordinary path. A client botocore would not sign
+and errors are exactly those of the ordinary path. After a few refusals in a row
+(see :data:`RELEARN_AFTER`) what a lean GET sends is learned again, from what botocore
+knows by then (a bucket in another region, which botocore's redirector learns from
+the ordinary reads). A client botocore would not sign
 with plain SigV4 (anonymous access, SigV4a, S3 Express sessions) or whose request
 carries a query string gets no lean reads at all. Lean GETs do not ask for the
 object's checksum (as botocore with ``response_checksum_validation=when_required``):
@@ -78,6 +81,12 @@ _PER_REQUEST: Final = frozenset(
         "range",
     }
 )
+#: Refusals in a row (an answer other than success or "not found") after which what a
+#: lean GET sends is learned again: botocore may have learned better meanwhile from
+#: the ordinary reads (a bucket in another region than configured is redirected and
+#: remembered by botocore's region redirector, which the never-sent probe skips).
+RELEARN_AFTER: Final = 3
+
 _SCOPE: Final = re.compile(
     r"^AWS4-HMAC-SHA256 Credential=[^/]+/\d{8}/(?P<region>[^/]+)/(?P<service>[^/]+)/aws4_request,"
 )
@@ -308,6 +317,7 @@ class LeanGets:
         self._lock = threading.Lock()
         self._learned = False
         self._template: LeanTemplate | None = None
+        self._refusals = 0
 
     def template(self) -> LeanTemplate | None:
         """What a lean GET sends (learned on first use); None: no lean GETs here."""
@@ -315,7 +325,14 @@ class LeanGets:
             if not self._learned:
                 self._template = self._learn()
                 self._learned = True
+                self._refusals = 0
             return self._template
+
+    def _answered(self, status: int) -> None:
+        with self._lock:
+            self._refusals = _refusals_after(self._refusals, status)
+            if self._refusals >= RELEARN_AFTER:
+                self._learned = False
 
     def _learn(self) -> LeanTemplate | None:
         if _transport(self._client) is None or _credentials(self._client) is None:
@@ -353,6 +370,7 @@ class LeanGets:
             return None  # the ordinary read repeats it and raises what botocore raises
         read = False
         try:
+            self._answered(response.status_code)
             total = _tail_from(response.status_code, response.headers, length)
             if total is None:
                 return None
@@ -363,6 +381,12 @@ class LeanGets:
             return None
         finally:
             _close(response, read=read)
+
+
+def _refusals_after(refusals: int, status: int) -> int:
+    """The refusals in a row after an answer with ``status``: a success or a missing
+    object (an ordinary answer, for a read that may look for one) starts afresh."""
+    return 0 if 200 <= status < 300 or status == 404 else refusals + 1
 
 
 _shared: weakref.WeakKeyDictionary[Any, dict[str, LeanGets]] = weakref.WeakKeyDictionary()
@@ -392,6 +416,7 @@ class AsyncLeanGets:
         self._learned = False
         self._template: LeanTemplate | None = None
         self._lock: Any = None
+        self._refusals = 0
 
     @property
     def client(self) -> Any:
@@ -408,6 +433,7 @@ class AsyncLeanGets:
             if not self._learned:
                 self._template = await self._learn()
                 self._learned = True
+                self._refusals = 0
             return self._template
 
     async def _learn(self) -> LeanTemplate | None:
@@ -446,6 +472,9 @@ class AsyncLeanGets:
             return None
         read = False
         try:
+            self._refusals = _refusals_after(self._refusals, response.status_code)
+            if self._refusals >= RELEARN_AFTER:
+                self._learned = False  # see LeanGets._answered
             total = _tail_from(response.status_code, response.headers, length)
             if total is None:
                 return None

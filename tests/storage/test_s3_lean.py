@@ -167,6 +167,42 @@ def test_anything_but_a_plain_success_is_left_to_the_ordinary_read(
         assert store.get_tail(key, 64) == (BODY[-64:], len(BODY))  # the ordinary read
 
 
+def test_refusals_in_a_row_make_it_learn_again(
+    aws: EmbeddedAws, store: S3ObjectStore, seen: list[InterceptedRequest]
+) -> None:
+    """A bucket botocore learns is elsewhere (a redirect) refuses every lean GET built
+    from what was learned before: after RELEARN_AFTER refusals it is learned again."""
+    from lancetx.commit.storage.s3_lean import RELEARN_AFTER
+
+    probes: list[str] = []
+    store.client.meta.events.register(
+        "before-call.s3.GetObject", lambda **_: probes.append("probe"), unique_id="count"
+    )
+    try:
+        lean = LeanGets(store.client, store.bucket)
+        assert lean.get_tail(KEYS[0], 8) == (BODY[-8:], len(BODY))
+        assert probes == ["probe"]
+        moved = InterceptedResponse(
+            301,
+            b"<Error><Code>PermanentRedirect</Code></Error>",
+            [("x-amz-bucket-region", "eu-west-1")],
+        )
+        aws.set_interceptor(lambda request: moved)
+        for _ in range(RELEARN_AFTER):
+            assert lean.get_tail(KEYS[0], 8) is None
+        assert probes == ["probe"]
+        aws.set_interceptor(None)
+        assert lean.get_tail(KEYS[0], 8) == (BODY[-8:], len(BODY))
+        assert probes == ["probe", "probe"]  # learned again
+        # A missing object is an ordinary answer, not a refusal.
+        for _ in range(RELEARN_AFTER + 1):
+            assert lean.get_tail("t/missing", 8) is None
+        assert lean.get_tail(KEYS[0], 8) is not None
+        assert probes == ["probe", "probe"]
+    finally:
+        store.client.meta.events.unregister("before-call.s3.GetObject", unique_id="count")
+
+
 def test_a_before_send_handler_that_answers_is_used(
     store: S3ObjectStore, seen: list[InterceptedRequest]
 ) -> None:
