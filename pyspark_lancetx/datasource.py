@@ -441,8 +441,10 @@ def _schema_options(raw: Mapping[str, str | None]) -> ReadOptions:
     except UnknownSparkOptionError as exc:
         try:
             stream = StreamReadOptions.parse(raw)
-        except SparkOptionError:
-            raise exc from None
+        except UnknownSparkOptionError as stream_exc:
+            # Neither kind knows it: the kind that has a name close to it tells.
+            guessed = "did you mean" in str(stream_exc) and "did you mean" not in str(exc)
+            raise (stream_exc if guessed else exc) from None
         return ReadOptions(
             uri=stream.uri, storage_options=stream.storage_options, columns=stream.columns
         )
