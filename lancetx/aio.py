@@ -67,6 +67,8 @@ from lancetx.writer import AsyncTableWriter, TableWriter
 if TYPE_CHECKING:
     from lance import LanceDataset
 
+    from lancetx.changes import FragmentRows, VersionChange
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -357,6 +359,15 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
 
     async def find_idempotency_key(self, key: str) -> int | None:
         return await asyncio.to_thread(self._sync.find_idempotency_key, key)
+
+    async def changes(self, since: int, until: int | None = None) -> list[VersionChange]:
+        """What each version ``since+1 .. until`` did to the rows (see
+        :meth:`lancetx.Table.changes`)."""
+        return await asyncio.to_thread(self._sync.changes, since, until)
+
+    async def fragment_rows(self) -> list[FragmentRows]:
+        """The fragments of :attr:`version` with their live rows."""
+        return await asyncio.to_thread(self._sync.fragment_rows)
 
 
 @checked

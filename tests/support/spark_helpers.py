@@ -20,6 +20,9 @@ def build_session(app_name: str = "lancetx-tests") -> Any:
         .config("spark.driver.memory", "1g")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")
+        # A worker started on a loaded machine may take longer than Spark's 15 s to
+        # connect back (the streaming source's worker is started for each query).
+        .config("spark.python.authenticate.socketTimeout", "300s")
         .getOrCreate()
     )
 

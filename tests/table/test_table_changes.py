@@ -7,6 +7,8 @@ cleanup removed are named, never skipped."""
 
 from __future__ import annotations
 
+import asyncio
+
 import boto3
 import lance
 import pyarrow as pa
@@ -14,6 +16,7 @@ import pytest
 from table_helpers import ddb_uri
 
 import lancetx
+import lancetx.aio
 from lancetx.demo.embedded import EmbeddedAws
 from lancetx.errors import VersionNotFoundError, VersionsRemovedError
 from lancetx.externalstore.dynamodb.store import create_table
@@ -91,6 +94,12 @@ def test_changes_tell_appends_from_row_changes(uri: str, options: dict[str, str]
         assert change.rows == len(expected)
     assert [c.version for c in table.changes(since=11, until=12)] == [12]
     assert [f.rows for f in table.fragment_rows()] == [3]
+
+    async def through_aio() -> tuple[list[lancetx.VersionChange], list[lancetx.FragmentRows]]:
+        async with await lancetx.aio.open(uri, options) as table:
+            return await table.changes(since=11), await table.fragment_rows()
+
+    assert asyncio.run(through_aio()) == (changes[11:], table.fragment_rows())
 
 
 def test_changes_name_the_versions_a_cleanup_removed(uri: str, options: dict[str, str]) -> None:
