@@ -139,9 +139,7 @@ def test_starting_version_and_latest(
     later = target.replace("/copy.lance?", "/later.lance?")
     assert copy(spark, source, later, tmp_path / "latest", storage, startingVersion="latest") == []
     table.append(rows(100, 105))
-    assert copy(spark, source, later, tmp_path / "latest", storage, startingVersion="latest") == [
-        5
-    ]
+    assert copy(spark, source, later, tmp_path / "latest", storage, startingVersion="latest") == [5]
     assert lance_ids(later, storage) == list(range(100, 105))
 
 
@@ -175,7 +173,13 @@ def test_rate_limits_split_versions_and_fragments(
     table.append(rows(50, 80), max_rows_per_file=10)  # version 6: three fragments
 
     by_versions = copy(
-        spark, source, target, tmp_path / "v", storage, startingVersion="1", maxVersionsPerTrigger="2"
+        spark,
+        source,
+        target,
+        tmp_path / "v",
+        storage,
+        startingVersion="1",
+        maxVersionsPerTrigger="2",
     )
     assert by_versions == [20, 20, 40]
     assert lance_ids(target, storage) == list(range(80))
@@ -213,7 +217,15 @@ def test_columns_added_later_read_as_null_and_a_dropped_one_stops_the_stream(
     more = rows(10, 12).append_column("w", pa.array([20, 22], pa.int64()))
     table.append(more)  # 3
 
-    copy(spark, source, target, tmp_path / "ck", storage, startingVersion="1", skipChangeCommits="true")
+    copy(
+        spark,
+        source,
+        target,
+        tmp_path / "ck",
+        storage,
+        startingVersion="1",
+        skipChangeCommits="true",
+    )
     copied = lancetx.open(target, storage).to_table().sort_by("id").to_pydict()
     assert copied["id"] == [0, 1, 2, 10, 11] and copied["w"] == [None, None, None, 20, 22]
 
@@ -242,7 +254,9 @@ def test_columns_added_later_read_as_null_and_a_dropped_one_stops_the_stream(
     assert "Restart the query" in text
 
 
-def test_stream_options_are_checked(spark: Any, uris: tuple[str, str], storage: dict[str, str]) -> None:
+def test_stream_options_are_checked(
+    spark: Any, uris: tuple[str, str], storage: dict[str, str]
+) -> None:
     source, _ = uris
     lancetx.write_table(source, rows(0, 3), storage_options=storage)
     opts = spark_options(storage)

@@ -237,7 +237,9 @@ def test_a_stream_killed_twice_copies_every_appended_row_exactly_once(
     query.awaitTermination()
 
     written = Counter(i for v in range(1, VERSIONS + 2) for i in rows(v).column("id").to_pylist())
-    copied = Counter(lancetx.open(target, storage).to_table(columns=["id"]).column("id").to_pylist())
+    copied = Counter(
+        lancetx.open(target, storage).to_table(columns=["id"]).column("id").to_pylist()
+    )
     assert copied == written  # every row, each exactly once
     history = table_history(target, storage)
     batches = [h.properties["lancetx.spark.batch_id"] for h in history]

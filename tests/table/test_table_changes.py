@@ -88,7 +88,12 @@ def test_changes_tell_appends_from_row_changes(uri: str, options: dict[str, str]
     assert by_version[3].deletes_only and "id < 3" in by_version[3].detail
     assert not by_version[7].deletes_only
     assert by_version[10].columns == ("id", "v", "w") and by_version[11].columns == ("id", "v")
-    for version, expected in {1: range(10), 2: range(10, 20), 6: range(20, 25), 12: range(30, 35)}.items():
+    for version, expected in {
+        1: range(10),
+        2: range(10, 20),
+        6: range(20, 25),
+        12: range(30, 35),
+    }.items():
         change = by_version[version]
         assert appended_ids(table, change) == list(expected), version
         assert change.rows == len(expected)
