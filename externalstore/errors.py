@@ -16,6 +16,7 @@ drawn in :mod:`lancetx.errors`)::
     │   ├── EndpointUnreachableError *     could not connect (nothing was sent)
     │   ├── ServiceUnavailableError *      5xx / dropped connection after retries (reads, idempotent writes)
     │   ├── InvalidRequestError            DynamoDB rejected the request (ValidationException…)
+    │   │   └── OperationNotImplementedError  the endpoint does not implement the operation (dynalite: transactions)
     │   ├── EntryExistsError               put_if_not_exists lost: another writer holds the version
     │   ├── BatchEntryExistsError              put_all_if_not_exists lost: some version is held
     │   ├── KeyExistsError                 put_with_key_if_not_exists refused: the key is taken
@@ -81,6 +82,7 @@ __all__ = [
     "ManifestSizeMismatchError",
     "ManifestVersionMismatchError",
     "MultiTableClaimLostError",
+    "OperationNotImplementedError",
     "ServiceUnavailableError",
     "StoreSchemaTooNewError",
     "TableCollisionError",
@@ -331,6 +333,37 @@ class InvalidRequestError(ExternalStoreError):
             "does not have the Lance layout (HASH base_uri S, RANGE version N)",
             code=code,
         )
+
+
+#: What needs each operation an endpoint might not implement, for the error's message.
+_NEEDED_FOR = {
+    "TransactWriteItems": (
+        "commits that carry an idempotency key, a Spark job id or a stream batch (the "
+        "version and the key are claimed in one transaction) and multi-table commits"
+    ),
+}
+
+
+class OperationNotImplementedError(InvalidRequestError):
+    """The DynamoDB endpoint does not implement an operation lancetx sends
+    (``UnknownOperationException``): some DynamoDB emulators (dynalite) lack
+    transactions. Nothing was applied."""
+
+    def __init__(self, action: str, resource: str, operation: str, endpoint: str | None) -> None:
+        where = f"the DynamoDB endpoint {endpoint}" if endpoint else "this DynamoDB endpoint"
+        needed = _NEEDED_FOR.get(operation, "this request")
+        ExternalStoreError.__init__(
+            self,
+            action,
+            resource,
+            f"{where} does not implement {operation} (UnknownOperationException); the "
+            f"request was not applied. lancetx needs {operation} for {needed}. Amazon "
+            "DynamoDB, DynamoDB Local and LocalStack's DynamoDB implement it; point the "
+            "table at one of them, or commit without a key",
+            code="UnknownOperationException",
+        )
+        self.operation = operation
+        self.endpoint = endpoint
 
 
 class EntryExistsError(ExternalStoreError):

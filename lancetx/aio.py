@@ -22,7 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+)
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -59,7 +66,7 @@ from lancetx.externalstore.connect import open_async_handler
 from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
-from lancetx.table import Table, TableVerbs, _args
+from lancetx.table import CLONE_FLAGS, Table, TableVerbs, _args, prepare_clone
 from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
 from lancetx.writer import AsyncTableWriter, TableWriter
@@ -281,6 +288,27 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return self._sync.schema
 
     @property
+    def exists(self) -> bool:
+        """See :attr:`lancetx.Table.exists` (False for a table opened with
+        ``missing_ok=True`` where nothing is yet)."""
+        return self._sync.exists
+
+    @property
+    def data_storage_version(self) -> str | None:
+        """See :attr:`lancetx.Table.data_storage_version`."""
+        return self._sync.data_storage_version
+
+    @property
+    def pylance_storage_options(self) -> dict[str, str]:
+        """See :attr:`lancetx.Table.pylance_storage_options`."""
+        return self._sync.pylance_storage_options
+
+    def check_fragment_schema(self, schema: pa.Schema, *, merge_schema: bool = False) -> None:
+        """See :meth:`lancetx.Table.check_fragment_schema` (no request: the manifest is
+        already read)."""
+        self._sync.check_fragment_schema(schema, merge_schema=merge_schema)
+
+    @property
     def sync(self) -> Table:
         """The synchronous Table over the same state (for code that is not async)."""
         return self._sync
@@ -360,6 +388,50 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
     async def find_idempotency_key(self, key: str) -> int | None:
         return await asyncio.to_thread(self._sync.find_idempotency_key, key)
 
+    async def walk_history(self, *, since: int = 0) -> AsyncIterator[VersionInfo]:
+        """:meth:`lancetx.Table.walk_history` (newest first, read as the iteration goes
+        on), each step on a worker thread so the event loop stays free."""
+        versions = self._sync.walk_history(since=since)
+        done = object()
+        while (info := await asyncio.to_thread(next, versions, done)) is not done:
+            yield info  # type: ignore[misc]
+
+    async def commit_fragments(
+        self,
+        fragments: Iterable[Any],
+        *,
+        schema: pa.Schema | None,
+        mode: str = "append",
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        fresh_field_ids: bool = False,
+        merge_schema: bool = False,
+        null_counts: Mapping[str, int] | None = None,
+        idempotency_since: int = 0,
+        commit_timeout: float | None = None,
+    ) -> CommitResult:
+        """:meth:`lancetx.Table.commit_fragments` through this table's own clients
+        (creates the table if :func:`open` was given ``missing_ok=True`` and it has no
+        version yet). Returns the CommitResult."""
+        verb = fragments_verb(
+            self.uri,
+            fragments,
+            schema=schema,
+            mode=mode,
+            commit_message=commit_message,
+            properties=properties,
+            idempotency_key=idempotency_key,
+            expected_version=expected_version,
+            fresh_field_ids=fresh_field_ids,
+            merge_schema=merge_schema,
+            null_counts=null_counts,
+            idempotency_since=idempotency_since,
+            commit_timeout=commit_timeout,
+        )
+        return await self._run_result(*verb)
+
     async def changes(self, since: int, until: int | None = None) -> list[VersionChange]:
         """What each version ``since+1 .. until`` did to the rows (see
         :meth:`lancetx.Table.changes`)."""
@@ -376,10 +448,12 @@ async def open(
     storage_options: Mapping[str, str] | None = None,
     *,
     version: int | str | None = None,
+    missing_ok: bool = False,
 ) -> AsyncTable:
-    """The async :func:`lancetx.open`."""
+    """The async :func:`lancetx.open` (``missing_ok`` as there: the table of a path
+    with no version yet, which :meth:`AsyncTable.commit_fragments` creates)."""
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
-    if await asyncio.to_thread(state.refresh) is None:
+    if await asyncio.to_thread(state.refresh) is None and (not missing_ok or version is not None):
         raise DatasetNotFoundError(uri)
     table = AsyncTable(state)
     return await table.checkout(version) if version is not None else table
@@ -422,6 +496,34 @@ async def write_table(
             needs_table=False,
             on_exists="fail" if mode == "create" else "append",
         ),
+        await table._commit_handler(),
+    )
+    table.last_commit = result
+    return table
+
+
+@checked
+async def clone(
+    source: str,
+    target: str,
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    target_storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> AsyncTable:
+    """The async :func:`lancetx.clone`: the source version is read on a worker thread,
+    the clone's first version committed through the new table's own clients."""
+    state, plan = await asyncio.to_thread(
+        prepare_clone, source, target, version, storage_options, target_storage_options
+    )
+    table = AsyncTable(state)
+    result = await run_verb_async(
+        state,
+        plan,
+        _args(commit_message, properties, None, None),
+        CLONE_FLAGS,
         await table._commit_handler(),
     )
     table.last_commit = result
@@ -486,6 +588,7 @@ preparing each table is pylance's synchronous work anyway, and the claim is one 
 
 __all__ = [
     "AsyncTable",
+    "clone",
     "commit_fragments",
     "commit_many",
     "connect",

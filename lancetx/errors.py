@@ -65,7 +65,8 @@ bracket this module)::
     │   ├── FragmentFormatError            fragment metadata we cannot take
     │   ├── MixedNamingSchemesError        V1 and V2 manifest names in one _versions/
     │   ├── RowIdFormatError               a row-id sequence that does not decode
-    │   └── TagFileError                   a tag file that names no version
+    │   ├── TagFileError                   a tag file that names no version
+    │   └── BasePathError                  a base path (or a file's base id) we cannot follow
     ├── SchemaConversionError              [commit] an Arrow schema or field list we cannot convert
     ├── UnsupportedFeatureError            [commit] a feature flag we do not implement
     │   └── UnsupportedTransactionError    an operation we do not build
@@ -83,6 +84,7 @@ bracket this module)::
     │   ├── EndpointUnreachableError *     could not connect (nothing was sent)
     │   ├── ServiceUnavailableError *      5xx / dropped connection after retries
     │   ├── InvalidRequestError            DynamoDB rejected the request
+    │   │   └── OperationNotImplementedError  the endpoint lacks the operation (dynalite: transactions)
     │   ├── EntryExistsError               the version's item exists (a lost race)
     │   ├── BatchEntryExistsError              one of several versions' items exists
     │   ├── KeyExistsError                 the idempotency key's item exists
@@ -131,6 +133,7 @@ from lancetx.commit.engine.builder.errors import (
     UnsupportedTransactionError,
 )
 from lancetx.commit.errors import (
+    BasePathError,
     CommitConflictError,
     CommitError,
     CommitStateUnknownError,
@@ -193,6 +196,7 @@ from lancetx.externalstore.errors import (
     ManifestSizeMismatchError,
     ManifestVersionMismatchError,
     MultiTableClaimLostError,
+    OperationNotImplementedError,
     ServiceUnavailableError,
     StoreSchemaTooNewError,
     TableCollisionError,
@@ -331,20 +335,38 @@ class UnsupportedInputError(TableError, TypeError):
 
 
 class ForeignFragmentError(TableError):
-    """Fragments whose data files are not under this table's data directory.
+    """Fragments whose data files are not under this table's data directory, nor under
+    a base path the table registers (``bases``), or do not exist there.
 
     Committing them would publish rows whose files live elsewhere (another table,
     a typo'd URI) and can vanish with that place. Nothing was written.
     """
 
-    def __init__(self, uri: str, data_dir: str, files: Sequence[str]) -> None:
+    def __init__(
+        self,
+        uri: str,
+        data_dir: str,
+        files: Sequence[str],
+        bases: Sequence[str] = (),
+        reasons: Mapping[str, str] | None = None,
+    ) -> None:
         self.files = list(files)
-        shown = ", ".join(files[:5]) + (" …" if len(files) > 5 else "")
+        self.bases = list(bases)
+        why = reasons or {}
+        shown = ", ".join(f"{f} ({why[f]})" if f in why else f for f in files[:5]) + (
+            " …" if len(files) > 5 else ""
+        )
+        registered = (
+            f" nor under a base path it registers ({'; '.join(bases)})"
+            if bases
+            else " (it registers no other base path)"
+        )
         super().__init__(
             uri,
-            f"data file(s) {shown} are not in this table's data directory {data_dir}; "
-            "write fragments with lance.fragment.write_fragments(data, <this table's data "
-            "URI>) (Table.data_uri) and commit those",
+            f"data file(s) {shown} are not in this table's data directory {data_dir}"
+            f"{registered}; write fragments with lance.fragment.write_fragments(data, "
+            "<this table's data URI>) (Table.data_uri), or with target_bases=[...] for a "
+            "registered base, and commit those",
         )
 
 
@@ -725,6 +747,7 @@ __all__ = [
     "AmbiguousWriteError",
     "ArgumentTypeError",
     "BadEntryError",
+    "BasePathError",
     "BatchEntryExistsError",
     "ColumnMismatchError",
     "CommitConflictError",
@@ -780,6 +803,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStoreError",
     "ObjectTooLargeError",
+    "OperationNotImplementedError",
     "PylanceCommitsItselfError",
     "ReadOnlyTableError",
     "RepairVerificationError",

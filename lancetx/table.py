@@ -21,6 +21,7 @@ from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableE
 from lancetx.history import VersionInfo
 from lancetx.state import TableState
 from lancetx.tags import Tags
+from lancetx.verbs.cloning import ClonePlan, check_apart, source_path
 from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
 from lancetx.verbs.maintenance import (
     plan_compact,
@@ -350,7 +351,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
         pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
-        refused naming their type). Fragments must be in this table's data directory."""
+        refused naming their type). Fragments must be in this table's data directory or
+        under a base path it registers (ForeignFragmentError)."""
         from lancetx.verbs.writing import check_in_data_dir
 
         def plan(ctx: Any) -> Any:
@@ -550,12 +552,15 @@ class Table(TableVerbs[int]):
         matched by path and their types must be the table's (new columns need
         ``merge_schema``). Raises SchemaConversionError for a column Lance cannot
         hold and ColumnMismatchError naming the first column that does not fit. Nulls
-        in non-nullable columns are checked at the commit (only then are they counted)."""
+        in non-nullable columns are checked at the commit (only then are they counted).
+        On a table with no version yet every column Lance can hold fits."""
         from lancetx.commit.format.schema import arrow_schema_to_fields
         from lancetx.verbs.field_ids import match_columns
 
-        fields = self._state.parent_at(self.version).manifest.manifest.fields
         ours = arrow_schema_to_fields(schema)[0]
+        if not self.exists:
+            return
+        fields = self._state.parent_at(self.version).manifest.manifest.fields
         match_columns(self.uri, ours, list(fields), merge_schema=merge_schema)
 
     def commit_fragments(
@@ -763,6 +768,64 @@ def write_table(
 
 
 @checked
+def clone(
+    source: str,
+    target: str,
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    target_storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Shallow-clone ``version`` of the table at ``source`` (a number, a tag's name, or
+    None for the latest) into a new table at ``target``: Lance's Clone operation. The
+    clone's first version (version 1) has the source version's schema, rows, indices,
+    config and metadata, and reads the source's files where they are (the source is
+    registered as one of its base paths); nothing is copied. Writes to the clone go
+    to the clone's folder and never touch the source. pylance and LanceDB read it.
+
+    The source does not know about its clones: a cleanup of the source may remove
+    files a clone still reads, once no version the source keeps references them. Tag
+    the cloned version on the source (``table.tags.create("clone-base", version)``)
+    for as long as a clone lives; every cleanup keeps a tagged version's files.
+
+    ``target_storage_options`` default to ``storage_options`` (the clone reads the
+    source's files with its own options, as pylance does). Raises TableExistsError if
+    a table exists at ``target`` (also when another writer creates it meanwhile),
+    VersionNotFoundError / TagNotFoundError for an unknown ``version``,
+    InvalidUriError for a target inside the source's folder (or the reverse)."""
+    state, plan = prepare_clone(source, target, version, storage_options, target_storage_options)
+    result = run_verb(state, plan, _args(commit_message, properties, None, None), CLONE_FLAGS)
+    table = Table(state)
+    table.last_commit = result
+    return table
+
+
+#: A clone creates its table (TableExistsError when it exists or appears meanwhile)
+#: and writes no data file.
+CLONE_FLAGS = VerbFlags(reusable=True, needs_table=False, on_exists="fail", owns_data=False)
+
+
+def prepare_clone(
+    source: str,
+    target: str,
+    version: int | str | None,
+    storage_options: Mapping[str, str] | None,
+    target_storage_options: Mapping[str, str] | None,
+) -> tuple[TableState, ClonePlan]:
+    """The target's state and the plan of :func:`clone` (sync and async alike): the
+    source version is resolved and read now (blocking)."""
+    src = open(source, storage_options, version=version)
+    cloned = src._state.parent_at(src.version)
+    ref_path = source_path(src._state)
+    options = storage_options if target_storage_options is None else target_storage_options
+    state = TableState.connect(target, options)
+    check_apart(src._state, ref_path, state)
+    return state, ClonePlan(source, ref_path, cloned)
+
+
+@checked
 def commit_fragments(
     uri: str,
     fragments: Iterable[Any],
@@ -783,7 +846,9 @@ def commit_fragments(
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
     created; a creator that loses the race to another one appends instead. Every data
-    file must already be in the table's ``data/`` directory (ForeignFragmentError).
+    file must already be in the table's ``data/`` directory, or under a base path the
+    table registers (``write_fragments(..., target_bases=[...])``); else
+    ForeignFragmentError.
 
     Fragments written as a new dataset of ``schema`` (``write_fragments(uri,
     mode="overwrite")``, as writers that cannot open the table do) need
@@ -819,6 +884,7 @@ def commit_fragments(
 __all__ = [
     "MergeInsertBuilder",
     "Table",
+    "clone",
     "commit_fragments",
     "connect",
     "open",

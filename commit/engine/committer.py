@@ -103,6 +103,7 @@ from lancetx.commit.engine.loading import (
 from lancetx.commit.engine.operations import (
     COMMIT_MESSAGE_KEY,
     IDEMPOTENCY_KEY,
+    Clone,
     Restore,
     Rewrite,
     Transaction,
@@ -297,6 +298,7 @@ def commit_steps(
     )
     _validate(uri, ours, current, options)
     restore_source = yield from _restore_source(names, base, ours)
+    clone_source = _clone_source(uri, ours)
 
     # Versions committed between our read version and the parent we hold.
     pending: list[Loaded] = []
@@ -311,7 +313,9 @@ def commit_steps(
     if current is not None and ours.read_version > 0:
         fragments = yield from read_fragments(names, base, ours, current)
 
-    state = _Attempts(names, base, options, ours, current, pending, fragments, restore_source)
+    state = _Attempts(
+        names, base, options, ours, current, pending, fragments, restore_source, clone_source
+    )
     # ``state.written``: objects this commit wrote that no committed version
     # references yet: removed when the commit fails (or they were superseded by a
     # rebase), so a refused or conflicting transaction leaves nothing behind. Kept
@@ -389,6 +393,8 @@ class _Attempts:
     #: The fragments ours modifies, as they were at its read version.
     read_fragments: dict[int, table_pb2.DataFragment]
     restore_source: tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None
+    #: A Clone's source version (manifest, indices), from the operation.
+    clone_source: tuple[table_pb2.Manifest, tuple[table_pb2.IndexMetadata, ...]] | None
     #: Objects this commit wrote that no committed version references yet.
     written: list[str] = field(default_factory=list)
     #: Our place in the table's commit queue, once we joined it.
@@ -612,6 +618,7 @@ def _build(state: _Attempts) -> Steps[_Built]:
         version=state.next_version,
         transaction_file=transaction_file_name(txn_pb),
         restore_source=state.restore_source,
+        clone_source=state.clone_source,
     )
     state.txn_bytes = yield from _write_transaction(
         state.base, state.ours, state.txn_bytes, state.written, txn_pb
@@ -987,6 +994,22 @@ def _restore_source(
     source = yield from load_parent_steps(names, base, ours.operation.version)
     assert source is not None
     return source.manifest.manifest, list(source.manifest.indices or [])
+
+
+def _clone_source(
+    uri: str, ours: Transaction
+) -> tuple[table_pb2.Manifest, tuple[table_pb2.IndexMetadata, ...]] | None:
+    """A Clone's source version, which the caller loaded from the source table (it may
+    live in another store than this handler's)."""
+    if not isinstance(ours.operation, Clone):
+        return None
+    if ours.operation.source is None:
+        raise InvalidCommitError(
+            uri,
+            "a Clone needs the manifest of the version it clones (Clone.source); "
+            "clone a table with lancetx.clone(source_uri, target_uri, version=...)",
+        )
+    return ours.operation.source
 
 
 def _summary(ours: Transaction) -> TransactionSummary:

@@ -32,6 +32,7 @@ from lancetx.externalstore.errors import (
     EndpointUnreachableError,
     ExternalStoreError,
     InvalidRequestError,
+    OperationNotImplementedError,
     ServiceUnavailableError,
     ThrottledError,
     iam_action_of,
@@ -130,6 +131,8 @@ def translate_error(
             return AccessDeniedError(
                 iam_action_of(operation), resource, code, detail, operation, target
             )
+        if code == "UnknownOperationException":
+            return OperationNotImplementedError(action, resource, operation, target.endpoint)
         if code in THROTTLING_CODES:
             return ThrottledError(action, resource, code, attempts)
         if status >= 500:

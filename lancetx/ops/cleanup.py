@@ -163,13 +163,13 @@ def cleanup_versions(
     keep_refs: set[str] = set()
     keep_indices: set[str] = set()
     for lv in kept:
-        keep_refs |= referenced_keys(table.base, lv.manifest)
-        keep_indices |= index_prefixes(table.base, lv.manifest)
+        keep_refs |= referenced_keys(table.base, lv.manifest, store=table.store)
+        keep_indices |= index_prefixes(table.base, lv.manifest, store=table.store)
     drop: set[str] = set()
     drop_indices: set[str] = set()
     for lv in removed:
-        drop |= referenced_keys(table.base, lv.manifest) - keep_refs
-        drop_indices |= index_prefixes(table.base, lv.manifest) - keep_indices
+        drop |= referenced_keys(table.base, lv.manifest, store=table.store) - keep_refs
+        drop_indices |= index_prefixes(table.base, lv.manifest, store=table.store) - keep_indices
     # Items may go only for versions older than the fence age: their timestamps are
     # the removed manifests' (for versions removed earlier, that of the next untagged
     # version that still has a manifest, which is younger: conservative).
@@ -218,8 +218,8 @@ def cleanup_versions(
             removed = [lv for lv in removed if lv not in retagged]
             kept = sorted(kept + retagged, key=lambda lv: lv.version)
             for lv in retagged:
-                drop -= referenced_keys(table.base, lv.manifest)
-                drop_indices -= index_prefixes(table.base, lv.manifest)
+                drop -= referenced_keys(table.base, lv.manifest, store=table.store)
+                drop_indices -= index_prefixes(table.base, lv.manifest, store=table.store)
             back = {lv.version for lv in retagged}
             removable_items = [e for e in removable_items if e.version not in back]
             fenced = [v for v in fenced if v not in back]

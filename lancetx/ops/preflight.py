@@ -101,7 +101,7 @@ def check_table(table: OpsTable, progress: Progress = no_progress) -> CheckedTab
     unsafe = [
         f"version {lv.version} names {name!r} ({why})"
         for lv in loaded
-        for name, why in unsafe_references(lv.manifest)
+        for name, why in unsafe_references(lv.manifest, store=table.store, base=table.base)
     ]
     if unsafe:
         raise UntrustedReferenceError(table.uri, unsafe, table.command("verify"))
@@ -151,5 +151,5 @@ def referenced_since(
     loaded, _failed = read_manifests(table, sorted(keys.items()), progress)
     referenced: set[str] = set()
     for lv in loaded:
-        referenced |= referenced_keys(table.base, lv.manifest)
+        referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
     return referenced, set(keys.values())

@@ -24,7 +24,7 @@ from lancetx.commit.engine.builder import (
 from lancetx.commit.engine.builder.driver import start_from_previous
 from lancetx.commit.engine.builder.ops import OPERATIONS
 from lancetx.commit.engine.builder.ops.append import apply_append
-from lancetx.commit.engine.builder.ops.clone import raise_clone
+from lancetx.commit.engine.builder.ops.clone import apply_clone
 from lancetx.commit.engine.builder.ops.create_index import apply_create_index
 from lancetx.commit.engine.builder.ops.data_replacement import apply_data_replacement
 from lancetx.commit.engine.builder.ops.delete import apply_delete
@@ -105,6 +105,7 @@ def start(
         version=(prev.version + 1) if prev is not None else 1,
         transaction_file="t.txn",
         restore_source=kwargs.get("restore_source"),  # type: ignore[arg-type]
+        clone_source=kwargs.get("clone_source"),  # type: ignore[arg-type]
         now=NOW,
         data_storage_version=None,
         enable_stable_row_ids=False,
@@ -298,7 +299,12 @@ def test_restore_brings_back_the_old_manifest_at_the_new_version() -> None:
 
 
 def test_clone_is_never_built_from_a_previous_version() -> None:
-    txn = Txn(read_version=3)
+    txn = Txn(read_version=0)
     txn.clone.is_shallow = True
-    with pytest.raises(InvalidTransactionError, match="Clone"):
-        raise_clone(start(previous(0), txn))
+    txn.clone.ref_path = "s3://b/src.lance"
+    txn.clone.ref_version = 3
+    with pytest.raises(InvalidTransactionError, match="first operation of a table"):
+        apply_clone(start(previous(0), txn, clone_source=(previous(0), [])))
+    built = apply_clone(start(None, txn, clone_source=(previous(0, 1), [])))
+    assert built.manifest.version == 1
+    assert [f.files[0].base_id for f in built.manifest.fragments] == [0, 0]

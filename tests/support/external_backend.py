@@ -77,6 +77,25 @@ class ExternalAws:
         if interceptor is not None:
             pytest.skip("needs the embedded server's request interceptor (fault injection)")
 
+    def implements_transactions(self) -> bool:
+        """Whether the DynamoDB server implements TransactWriteItems (dynalite does
+        not): an empty request is refused as invalid by a server that has it, and as
+        an unknown operation by one that does not."""
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import ClientError
+
+        client = boto3.client(
+            "dynamodb",
+            config=Config(parameter_validation=False, retries={"max_attempts": 1}),
+            **self.client_kwargs("dynamodb"),
+        )
+        try:
+            client.transact_write_items(TransactItems=[])
+        except ClientError as exc:
+            return exc.response.get("Error", {}).get("Code") != "UnknownOperationException"
+        return True
+
     def client_kwargs(self, service: str = "s3") -> dict[str, Any]:
         return {
             "endpoint_url": self.dynamodb_endpoint if service == "dynamodb" else self.endpoint,
@@ -105,6 +124,12 @@ class ExternalAws:
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
         }
+
+
+def implements_transactions(aws: object) -> bool:
+    """Whether the test run's DynamoDB implements TransactWriteItems (the embedded
+    server does)."""
+    return not isinstance(aws, ExternalAws) or aws.implements_transactions()
 
 
 def install_moto_guard() -> None:

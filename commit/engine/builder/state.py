@@ -40,6 +40,7 @@ class BuildState:
         version: int,
         transaction_file: str,
         restore_source: tuple[Manifest, Sequence[IndexMetadata]] | None,
+        clone_source: tuple[Manifest, Sequence[IndexMetadata]] | None = None,
         now: datetime | None,
         data_storage_version: str | None,
         enable_stable_row_ids: bool,
@@ -50,6 +51,7 @@ class BuildState:
         self.version = version
         self.transaction_file = transaction_file
         self.restore_source = restore_source
+        self.clone_source = clone_source
         if now is None:
             now = datetime.now(UTC)
         elif now.tzinfo is None:
