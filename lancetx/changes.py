@@ -159,10 +159,11 @@ def classify(
             return (), True, False, f"updated or deleted rows of {_fragments(touched)}"
         appended = _matching(manifest, operation.new_fragments)
         return appended, False, False, f"inserted {sum(f.rows for f in appended)} row(s)"
+    if isinstance(operation, Overwrite | Clone) and version == 1:
+        # The table's creation (a clone's too): every row is new.
+        rows = tuple(fragment_rows(f) for f in sorted(manifest.fragments, key=lambda f: f.id))
+        return rows, False, False, f"created the table with {sum(f.rows for f in rows)} row(s)"
     if isinstance(operation, Overwrite):
-        if version == 1:  # the table's creation: every row is new
-            rows = tuple(fragment_rows(f) for f in sorted(manifest.fragments, key=lambda f: f.id))
-            return rows, False, False, f"created the table with {sum(f.rows for f in rows)} row(s)"
         return (), True, False, "replaced every row (an overwrite)"
     if isinstance(operation, Rewrite):
         return (), False, False, "compacted fragments (the same rows, rewritten)"
@@ -177,7 +178,7 @@ def classify(
     if isinstance(operation, Restore):
         return (), True, False, f"restored the table to version {operation.version}"
     if isinstance(operation, Clone):
-        return (), True, False, "cloned the table"
+        return (), True, False, "replaced the table with a clone"
     return (), True, False, f"a {operation.name} operation, which may change rows"
 
 

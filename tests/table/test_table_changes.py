@@ -106,6 +106,14 @@ def test_changes_tell_appends_from_row_changes(uri: str, options: dict[str, str]
 
     assert asyncio.run(through_aio()) == (changes[11:], table.fragment_rows())
 
+    # A clone's first version creates it: its rows (read from the source's files) are new.
+    cloned = lancetx.clone(
+        uri, uri.replace("/t.lance?", "/clone.lance?"), version=2, storage_options=options
+    )
+    (created,) = cloned.changes(since=0)
+    assert (created.operation, created.changes_rows) == ("Clone", False)
+    assert appended_ids(cloned, created) == list(range(20))
+
 
 def test_changes_name_the_versions_a_cleanup_removed(uri: str, options: dict[str, str]) -> None:
     table = lancetx.write_table(uri, rows(0, 5), storage_options=options)
