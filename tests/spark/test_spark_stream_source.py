@@ -15,7 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from spark_helpers import lance_ids, spark_options
+from spark_helpers import (
+    STREAM_ATTEMPTS,
+    WORKER_DID_NOT_CONNECT,
+    lance_ids,
+    run_stream,
+    spark_options,
+)
 
 import lancetx
 from lancetx.ops.cleanup import cleanup_versions
@@ -44,15 +50,18 @@ def copy(
     """Run the copy until it has read everything there was when it started; the
     rows of each micro-batch that read any."""
     opts = spark_options(storage)
-    frame = spark.readStream.format("lancetx").options(**opts).options(**options).load(source)
-    query = (
-        frame.writeStream.format("lancetx")
-        .options(**opts)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start(target)
-    )
-    query.awaitTermination()
+
+    def start() -> Any:
+        frame = spark.readStream.format("lancetx").options(**opts).options(**options).load(source)
+        return (
+            frame.writeStream.format("lancetx")
+            .options(**opts)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start(target)
+        )
+
+    query = run_stream(start)
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
 
@@ -231,18 +240,25 @@ def test_columns_added_later_read_as_null_and_a_dropped_one_stops_the_stream(
 
     # A running query took the schema with ``w``; a restarted one would take it anew.
     opts = spark_options(storage)
-    query = (
-        spark.readStream.format("lancetx")
-        .options(**opts)
-        .option("skipChangeCommits", "true")
-        .load(source)
-        .writeStream.format("lancetx")
-        .options(**opts)
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .start(target)
-    )
+    for attempt in range(1, STREAM_ATTEMPTS + 1):
+        query = (
+            spark.readStream.format("lancetx")
+            .options(**opts)
+            .option("skipChangeCommits", "true")
+            .load(source)
+            .writeStream.format("lancetx")
+            .options(**opts)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start(target)
+        )
+        try:
+            query.processAllAvailable()  # nothing new: it is where the first run stopped
+            break
+        except Exception as exc:  # see run_stream
+            query.stop()
+            if WORKER_DID_NOT_CONNECT not in str(exc) or attempt == STREAM_ATTEMPTS:
+                raise
     try:
-        query.processAllAvailable()  # nothing new: it is where the first run stopped
         table.drop_columns(["w"])  # 4
         table.append(rows(20, 22))  # 5
         with pytest.raises(Exception) as caught:

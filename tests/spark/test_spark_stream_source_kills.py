@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from claim_faults import VICTIM_KEY, access_key, check_every_version_opens, is_claim
-from spark_helpers import spark_options
+from spark_helpers import run_stream, spark_options
 from suite_profile import sized
 
 import lancetx
@@ -223,18 +223,19 @@ def test_a_stream_killed_twice_copies_every_appended_row_exactly_once(
 
     # The last run in this process's session (one Spark start less): the same checkpoint.
     opts = spark_options(storage)
-    query = (
-        spark.readStream.format("lancetx")
-        .options(**opts)
-        .options(**args["source_options"])
-        .load(source)
-        .writeStream.format("lancetx")
-        .options(**opts)
-        .option("checkpointLocation", args["checkpoint"])
-        .trigger(availableNow=True)
-        .start(target)
+    run_stream(
+        lambda: (
+            spark.readStream.format("lancetx")
+            .options(**opts)
+            .options(**args["source_options"])
+            .load(source)
+            .writeStream.format("lancetx")
+            .options(**opts)
+            .option("checkpointLocation", args["checkpoint"])
+            .trigger(availableNow=True)
+            .start(target)
+        )
     )
-    query.awaitTermination()
 
     written = Counter(i for v in range(1, VERSIONS + 2) for i in rows(v).column("id").to_pylist())
     copied = Counter(

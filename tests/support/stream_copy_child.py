@@ -17,7 +17,7 @@ import sys
 def main(argv: list[str]) -> int:
     args = json.loads(argv[1])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from spark_helpers import build_session, spark_options
+    from spark_helpers import build_session, run_stream, spark_options
 
     spark = build_session("lancetx-stream-copy")
     spark.sparkContext.setLogLevel("ERROR")
@@ -35,8 +35,7 @@ def main(argv: list[str]) -> int:
     )
     if args["available_now"]:
         writer = writer.trigger(availableNow=True)
-    query = writer.start(args["target"])
-    query.awaitTermination()
+    run_stream(lambda: writer.start(args["target"]))
     spark.stop()
     return 0
 
