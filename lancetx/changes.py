@@ -74,7 +74,7 @@ class FragmentRows:
 
 @dataclass(frozen=True)
 class VersionChange:
-    """What one version did to the table's rows (see the module docstring).
+    """What one version did to the table's rows (see :mod:`lancetx.changes`).
 
     ``appended`` lists the fragments whose rows this version added (read them at
     ``version``); ``changes_rows`` is True when it deleted or changed rows that
