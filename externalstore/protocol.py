@@ -1123,6 +1123,7 @@ def _location(entry: ManifestEntry, scheme: NamingScheme) -> ManifestLocation:
         size=entry.size,
         alternate_key=alternate,
         summary=entry.summary,
+        removed=entry.is_removed,
     )
 
 

@@ -5,6 +5,7 @@ The front door::
     import lancetx
     table = lancetx.write_table(uri, data)          # create (or mode="append"/"overwrite")
     table = lancetx.open(uri, storage_options)      # an existing table
+    lancetx.history(uri, storage_options)           # its versions ([] where none)
     table.append(more); table.delete("id < 3"); table.to_table()
 
 Every write verb commits one version through lancetx (pylance writes the data, never
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         IamPolicyError,
         IdempotencyKeyCollisionError,
         IncompatibleConflictError,
+        IndexRemapError,
         InvalidCommitError,
         InvalidConfigError,
         InvalidIdempotencyKeyError,
@@ -140,7 +142,6 @@ if TYPE_CHECKING:
         WedgedVersionError,
         WriterClosedError,
     )
-    from lancetx.history import VersionInfo
     from lancetx.multi_table import commit_many
     from lancetx.table import (
         MergeInsertBuilder,
@@ -148,10 +149,12 @@ if TYPE_CHECKING:
         clone,
         commit_fragments,
         connect,
+        history,
         open,
         write_table,
     )
     from lancetx.tags import TagInfo, Tags
+    from lancetx.version_history import VersionInfo
     from lancetx.writer import TableWriter
     from lancetx.written import WrittenFiles, check_schema
 
@@ -275,13 +278,15 @@ _WHERE: dict[str, str] = {
     "WriterClosedError": "lancetx.errors",
     "FragmentRows": "lancetx.changes",
     "VersionChange": "lancetx.changes",
-    "VersionInfo": "lancetx.history",
+    "IndexRemapError": "lancetx.errors",
+    "VersionInfo": "lancetx.version_history",
     "commit_many": "lancetx.multi_table",
     "MergeInsertBuilder": "lancetx.table",
     "Table": "lancetx.table",
     "clone": "lancetx.table",
     "commit_fragments": "lancetx.table",
     "connect": "lancetx.table",
+    "history": "lancetx.table",
     "open": "lancetx.table",
     "write_table": "lancetx.table",
     "TagInfo": "lancetx.tags",
@@ -344,6 +349,7 @@ __all__ = [
     "IamPolicyError",
     "IdempotencyKeyCollisionError",
     "IncompatibleConflictError",
+    "IndexRemapError",
     "InvalidCommitError",
     "InvalidConfigError",
     "InvalidIdempotencyKeyError",
@@ -440,6 +446,7 @@ __all__ = [
     "commit_fragments",
     "commit_many",
     "connect",
+    "history",
     "open",
     "write_table",
 ]

@@ -20,6 +20,7 @@ without a warning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
 from collections.abc import (
@@ -63,12 +64,13 @@ from lancetx.committing import (
 from lancetx.committing import Effect as VerbEffect
 from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.connect import open_async_handler
-from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
 from lancetx.table import CLONE_FLAGS, Table, TableVerbs, _args, prepare_clone
+from lancetx.table import history as _sync_history
 from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
+from lancetx.version_history import VersionInfo
 from lancetx.writer import AsyncTableWriter, TableWriter
 
 if TYPE_CHECKING:
@@ -411,6 +413,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:meth:`lancetx.Table.commit_fragments` through this table's own clients
         (creates the table if :func:`open` was given ``missing_ok=True`` and it has no
@@ -429,6 +432,7 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         return await self._run_result(*verb)
 
@@ -451,15 +455,25 @@ async def open(
     missing_ok: bool = False,
 ) -> AsyncTable:
     """The async :func:`lancetx.open` (``missing_ok`` as there: the table of a path
-    with no version yet, which :meth:`AsyncTable.commit_fragments` creates)."""
+    with no version yet, which :meth:`AsyncTable.commit_fragments` creates; with
+    ``version``, also while the latest version cannot be read: see there)."""
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
-    if await asyncio.to_thread(state.refresh) is None and (not missing_ok or version is not None):
+    if version is not None:
+        if not await asyncio.to_thread(state.refresh_to_read_older):
+            raise DatasetNotFoundError(uri)
+        return await AsyncTable(state).checkout(version)
+    if await asyncio.to_thread(state.refresh) is None and not missing_ok:
         raise DatasetNotFoundError(uri)
-    table = AsyncTable(state)
-    return await table.checkout(version) if version is not None else table
+    return AsyncTable(state)
 
 
 connect = open
+
+
+@checked
+async def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionInfo]:
+    """The async :func:`lancetx.history`."""
+    return await asyncio.to_thread(_sync_history, uri, storage_options)
 
 
 @checked
@@ -484,12 +498,17 @@ async def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     table = AsyncTable(state)
     # The table's own clients commit the write, and stay open for its next verbs.
     result = await run_verb_async(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,
@@ -547,6 +566,7 @@ async def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """The async :func:`lancetx.commit_fragments`."""
     verb = fragments_verb(
@@ -563,6 +583,7 @@ async def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
     return await run_verb_async(state, *verb)
@@ -592,6 +613,7 @@ __all__ = [
     "commit_fragments",
     "commit_many",
     "connect",
+    "history",
     "open",
     "run_verb_async",
     "write_table",

@@ -47,8 +47,8 @@ from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import VersionsRemovedError
-from lancetx.history import map_versions
 from lancetx.protos import table_pb2
+from lancetx.version_history import map_versions
 
 #: Operations that leave every row as it was (the fragments they rewrite, if any,
 #: hold the same rows: compaction).

@@ -23,6 +23,7 @@ bracket this module)::
     │   ├── PylanceCommitsItselfError      a verb only pylance's own commit could do
     │   ├── ReadOnlyTableError             a write on a checkout() view
     │   ├── WriterClosedError              a streaming writer used after commit()/abort()
+    │   ├── IndexRemapError                compact() could not remap an index with pylance
     │   └── TagError                       Table.tags, or a version opened by tag (``tag``)
     │       ├── TagNotFoundError           no such tag (``existing`` lists them; also a LookupError)
     │       ├── TagExistsError             tags.create of a name already taken
@@ -409,6 +410,24 @@ class WriterClosedError(TableError):
         super().__init__(uri, f"this writer is already {state}; open a new one with Table.writer()")
 
 
+class IndexRemapError(TableError):
+    """``compact()`` asked pylance to remap the table's indices (its
+    ``Compaction.commit``, run on a scratch copy) and got back something else than
+    it needs: fragment ids other than the ones reserved, or no Rewrite. Nothing was
+    committed but the reservation of fragment ids; the compaction's files were
+    removed. Compact with ``{"defer_index_remap": True}``, or rebuild the indices
+    afterwards with ``create_index(..., replace=True)``."""
+
+    def __init__(self, uri: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            uri,
+            f"could not remap the indices for the compaction: {problem}; nothing but a "
+            'reservation of fragment ids was committed: compact with {"defer_index_remap": '
+            "True}, or rebuild the indices with create_index(..., replace=True)",
+        )
+
+
 class TagError(TableError):
     """Base class of the errors of ``Table.tags`` and of opening a version by tag.
     ``tag`` names the tag. Nothing was written."""
@@ -772,6 +791,7 @@ __all__ = [
     "IamPolicyError",
     "IdempotencyKeyCollisionError",
     "IncompatibleConflictError",
+    "IndexRemapError",
     "InvalidCommitError",
     "InvalidConfigError",
     "InvalidIdempotencyKeyError",

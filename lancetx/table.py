@@ -8,6 +8,7 @@ it last committed or opened, without pylance resolving "latest" on its own.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -18,7 +19,6 @@ from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
 from lancetx.convert import to_transaction
 from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
-from lancetx.history import VersionInfo
 from lancetx.state import TableState
 from lancetx.tags import Tags
 from lancetx.verbs.cloning import ClonePlan, check_apart, source_path
@@ -33,6 +33,7 @@ from lancetx.verbs.maintenance import (
 from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
 from lancetx.verbs.rows import plan_delete, plan_update
 from lancetx.verbs.writing import WritePlan, fragments_verb
+from lancetx.version_history import VersionInfo
 from lancetx.writer import TableWriter
 
 R = TypeVar("R")
@@ -233,10 +234,21 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Rewrite small fragments (and fragments with many deleted rows) into fewer
-        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
-        Returns the current version unchanged when nothing needs compaction."""
+        ones: pylance's compaction plan and tasks (``options``: pylance's
+        ``CompactionOptions``), one Rewrite committed by lancetx. Returns the current
+        version unchanged when nothing needs compaction.
+
+        Indices keep covering every row, as with pylance's ``compact_files``: vector
+        indices over the rewritten fragments are remapped in the same Rewrite (their
+        files rewritten by pylance so they point into the new fragments; the new
+        fragments' ids are reserved first, which is a version of its own), scalar
+        indices get a segment over the new fragments in a second version. With
+        ``{"defer_index_remap": True}`` indices are left as they are and the Rewrite
+        adds a version to the fragment reuse index, through which readers use them
+        (remap later with ``create_index(..., replace=True)``). On a table with stable
+        row ids nothing needs remapping."""
         return self._run(
-            plan_compact(options or {}),
+            plan_compact(options or {}, strict=expected_version is not None),
             _args(commit_message, properties, idempotency_key, expected_version),
             VerbFlags(replannable=True),
         )
@@ -492,8 +504,9 @@ class Table(TableVerbs[int]):
 
     def history(self) -> list[VersionInfo]:
         """Every version up to :attr:`version`, oldest first, with operation, commit
-        message, properties, committer and rows (one GET per version, in parallel;
-        each read once per process). Empty for a table that does not exist yet."""
+        message, properties, committer, rows, fragments and the data bytes it holds,
+        added and removed (one GET per version, in parallel; each read once per
+        process). Empty for a table that does not exist yet."""
         if not self.exists:
             return []
         return self._state.history(until=self.version)
@@ -578,6 +591,7 @@ class Table(TableVerbs[int]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:func:`lancetx.commit_fragments` on this Table: the same commit, planned
         against the newest version this Table knows and through its connection (a
@@ -600,6 +614,7 @@ class Table(TableVerbs[int]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         result = run_verb(self._state, *verb)
         self.last_commit = result
@@ -717,15 +732,35 @@ def open(
     ``missing_ok``: then the Table of a table that does not exist yet
     (:attr:`Table.exists` False, :attr:`Table.data_uri` known) is returned, which
     :meth:`Table.commit_fragments` creates. With ``version`` (a number or a tag's
-    name) returns a read-only view of that version."""
+    name) returns a read-only view of that version: also while the latest version
+    cannot be read (wedged, its manifest missing or corrupt), which is then logged
+    once as a warning naming it and the ``lancetx-sync repair`` command."""
     state = TableState.connect(uri, storage_options)
-    if state.refresh() is None and (not missing_ok or version is not None):
+    if version is not None:
+        if not state.refresh_to_read_older():
+            raise DatasetNotFoundError(uri)
+        return Table(state).checkout(version)
+    if state.refresh() is None and not missing_ok:
         raise DatasetNotFoundError(uri)
-    table = Table(state)
-    return table.checkout(version) if version is not None else table
+    return Table(state)
 
 
 connect = open
+
+
+@checked
+def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionInfo]:
+    """Every version of the table at ``uri``, oldest first, as :meth:`Table.history`
+    reports them; ``[]`` where nothing was ever committed. While the latest version
+    cannot be read (wedged, its manifest missing or corrupt), the versions before it,
+    the broken one logged once as a warning naming it and the ``lancetx-sync repair``
+    command (as :func:`open` with ``version=`` does)."""
+    state = TableState.connect(uri, storage_options)
+    if not state.refresh_to_read_older():
+        return []
+    if state.broken_head is not None:
+        return state.history(until=state.broken_head - 1)
+    return state.history(until=state.require_parent().version)
 
 
 @checked
@@ -743,7 +778,13 @@ def write_table(
     **write_params: Any,
 ) -> Table:
     """Write ``data`` as a new table (``mode="create"``), or append to / overwrite the
-    table at ``uri`` (creating it if absent). Returns the Table at the committed version."""
+    table at ``uri`` (creating it if absent). Returns the Table at the committed version.
+
+    ``write_params`` go to ``lance.fragment.write_fragments`` (max_rows_per_file, …),
+    except ``enable_stable_row_ids=True``, which creates the table with stable row ids
+    as Lance does (row-id sequences per fragment, kept by every later verb; pylance's
+    ``_rowid`` reads them). It is chosen when a table is created: given for an
+    existing table, it must match what the table has (InvalidWriteParamError)."""
     if mode not in ("create", "append", "overwrite"):
         raise ValueError(f'mode must be "create", "append" or "overwrite", not {mode!r}')
     state = TableState.connect(uri, storage_options)
@@ -751,10 +792,15 @@ def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     result = run_verb(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,
@@ -842,6 +888,7 @@ def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
@@ -862,7 +909,9 @@ def commit_fragments(
     (``deduplicated``) instead of committing again; ``idempotency_since`` skips the
     versions known not to hold it. ``commit_timeout`` bounds how long lost races are
     retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
-    call again with the same key to settle it."""
+    call again with the same key to settle it. ``enable_stable_row_ids=True`` creates
+    the table with stable row ids, as :func:`write_table` does (given for an existing
+    table, it must match what the table has)."""
     verb = fragments_verb(
         uri,
         fragments,
@@ -877,6 +926,7 @@ def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     return run_verb(TableState.connect(uri, storage_options), *verb)
 

@@ -185,6 +185,12 @@ class CommitOptions:
     ``observer`` receives one :class:`~lancetx.commit.engine.events.CommitEvent`
     per attempt. ``table_uri`` is the URI to name the table by in logs and
     events (the one the user passed, e.g. ``s3+ddb://…``); default: the store's URI.
+
+    ``stable_row_ids`` (Lance's ``enable_stable_row_ids``, a setting of the commit,
+    not of the transaction) creates a new table with stable row ids: the commit
+    gives every fragment its row-id sequence and keeps ``next_row_id``. A table
+    keeps what it was created with; asking for them on an existing table without
+    them is refused (InvalidTransactionError), as Lance refuses it.
     """
 
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -196,6 +202,7 @@ class CommitOptions:
     idempotency_key: str | None = None
     observer: CommitObserver | None = None
     table_uri: str | None = None
+    stable_row_ids: bool = False
 
 
 @dataclass(frozen=True)
@@ -619,6 +626,13 @@ def _build(state: _Attempts) -> Steps[_Built]:
         transaction_file=transaction_file_name(txn_pb),
         restore_source=state.restore_source,
         clone_source=state.clone_source,
+        enable_stable_row_ids=state.options.stable_row_ids,
+        # Not in the protobuf (Lance does not serialize it either): handed over apart.
+        frag_reuse_index=(
+            state.ours.operation.frag_reuse_index
+            if isinstance(state.ours.operation, Rewrite)
+            else None
+        ),
     )
     state.txn_bytes = yield from _write_transaction(
         state.base, state.ours, state.txn_bytes, state.written, txn_pb
@@ -969,15 +983,6 @@ def _validate(uri: str, ours: Transaction, current: Parent | None, options: Comm
             uri,
             f"the transaction read version {ours.read_version}, but the latest version is {latest}; "
             "it was planned against another table or a version that does not exist",
-        )
-    if isinstance(ours.operation, Rewrite) and ours.operation.frag_reuse_index is not None:
-        # The builder works from the protobuf, which has no place for this index
-        # (Lance does not serialize it either): committing would drop it silently.
-        raise InvalidCommitError(
-            uri,
-            "the Rewrite carries a fragment reuse index (a compaction with deferred index "
-            "remap), which lancetx cannot commit yet; compact without defer_index_remap "
-            "(lancetx.Table.compact does), then rebuild or optimize the indices",
         )
     if current is not None:
         check_writer_flags(current.manifest.manifest, current.location.key)

@@ -26,7 +26,7 @@ sides' changes, replacing the index that is current now.
 
 Not implemented, and surfacing as a retryable conflict with that reason:
 merging MemWAL index details, and a Rewrite carrying its own fragment reuse
-index (lancetx does not commit those).
+index (a compaction that defers index remapping is planned again instead).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _unsupported_index_merges(
     op = ours.operation
     if not isinstance(op, CreateIndex) or op.frag_reuse_index is None:
         why = (
-            "a rewrite's fragment reuse index is not committed by lancetx"
+            "a rewrite carrying a fragment reuse index is planned again, not rebased"
             if isinstance(op, Rewrite)
             else "only fragment reuse index details are merged"
         )

@@ -11,9 +11,11 @@ that bypassed DynamoDB). A path where nothing was ever committed is a finding
 too. ``deep`` also checks that every data and deletion file of the latest
 version (or of every version) exists, with the recorded size.
 
-Versions a cleanup removed are told from missing ones by the cleanup horizon
-(:mod:`lancetx.commit.format.retention`): below it, a version without a manifest
-(or without an item either) is informational; at or above it, a problem.
+Versions a cleanup removed are told from missing ones by the mark lancetx's
+cleanup sets on their items (``removed_at``) and by the cleanup horizon
+(:mod:`lancetx.commit.format.retention`): a marked item, or a version below the
+horizon, without a manifest (or without an item either) is informational; any
+other, a problem.
 
 Beside live writers a scan can catch a commit half-way (its item claimed after
 the Query, its manifest listed; a staged item finalized between the Query and
@@ -244,7 +246,7 @@ def _scan_once(
                         final_key,
                     )
                 )
-            elif horizon is not None and version < horizon:
+            elif entry.is_removed or (horizon is not None and version < horizon):
                 findings.append(
                     Finding(
                         "cleaned_up_version",

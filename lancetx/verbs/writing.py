@@ -17,6 +17,7 @@ import pyarrow as pa
 from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transaction
 from lancetx.commit.errors import BasePathError, ObjectNotFoundError
 from lancetx.commit.format.bases import data_file_key, key_in, parse_base
+from lancetx.commit.format.manifest import FLAG_STABLE_ROW_IDS
 from lancetx.commit.format.naming import DATA_DIR, join, unsafe_relative_path
 from lancetx.commit.format.schema import arrow_schema_to_fields
 from lancetx.commit.storage.objectstore import ObjectStore
@@ -47,6 +48,9 @@ _OWN_WRITE_PARAMS = {
 }
 #: Sizes pylance needs positive (0 makes its writer panic, a negative one overflow).
 _POSITIVE_WRITE_PARAMS = ("max_rows_per_file", "max_rows_per_group", "max_bytes_per_file")
+#: The write parameter choosing stable row ids: a setting of the commit that creates a
+#: table (pylance's data files do not depend on it), never handed to ``write_fragments``.
+STABLE_ROW_IDS_PARAM = "enable_stable_row_ids"
 
 
 def check_write_params(params: Mapping[str, Any]) -> None:
@@ -78,6 +82,38 @@ def check_write_params(params: Mapping[str, Any]) -> None:
             and (isinstance(value, bool) or not isinstance(value, int) or value <= 0)
         ):
             raise InvalidWriteParamError(name, f"must be a positive integer, got {value!r}")
+        if name == STABLE_ROW_IDS_PARAM and not isinstance(value, bool):
+            raise InvalidWriteParamError(name, f"must be True or False, got {value!r}")
+
+
+def take_stable_row_ids(params: dict[str, Any]) -> bool | None:
+    """Remove ``enable_stable_row_ids`` from ``params`` (checked by
+    :func:`check_write_params`); None when it was not given."""
+    value = params.pop(STABLE_ROW_IDS_PARAM, None)
+    return bool(value) if value is not None else None
+
+
+def check_stable_row_ids(uri: str, requested: bool | None, manifest: table_pb2.Manifest) -> None:
+    """Refuse ``enable_stable_row_ids`` that differs from what the table has: Lance
+    fixes it when a table is created, and no later write changes it (pylance ignores
+    the parameter then; lancetx says so rather than write something else than asked)."""
+    if requested is None:
+        return
+    has = bool(manifest.reader_feature_flags & FLAG_STABLE_ROW_IDS)
+    if has == requested:
+        return
+    if requested:
+        problem = (
+            f"the table {uri} (version {manifest.version}) was created without stable row "
+            "ids, and they cannot be turned on later (Lance refuses it too): write a new "
+            "table with write_table(..., enable_stable_row_ids=True) and copy the rows over"
+        )
+    else:
+        problem = (
+            f"the table {uri} (version {manifest.version}) has stable row ids, and they "
+            "cannot be turned off; leave the parameter out to write to it"
+        )
+    raise InvalidWriteParamError(STABLE_ROW_IDS_PARAM, problem)
 
 
 def _write_fragments(
@@ -131,10 +167,16 @@ class WritePlan:
         self.overwrite = overwrite
         self.schema = schema
         self.params = dict(params)
+        #: ``enable_stable_row_ids`` as given (None: not given): a new table gets them
+        #: through the commit (:attr:`CommitArgs.stable_row_ids`), an existing one
+        #: must already be what is asked for.
+        self.stable_row_ids = take_stable_row_ids(self.params)
         self.fragments: tuple[table_pb2.DataFragment, ...] | None = None
         self.arrow_schema: pa.Schema | None = None
 
     def __call__(self, ctx: PlanContext) -> Transaction:
+        if ctx.parent is not None:
+            check_stable_row_ids(ctx.uri, self.stable_row_ids, ctx.manifest)
         if self.fragments is None:
             _check_creates(ctx, initial_bases(self.params.get("initial_bases")))
             reader, guard = to_reader(ctx.uri, self.data, self.schema)
@@ -228,6 +270,7 @@ class FragmentsPlan:
         fresh_field_ids: bool = False,
         merge_schema: bool = False,
         null_counts: Mapping[str, int] | None = None,
+        stable_row_ids: bool | None = None,
     ) -> None:
         if schema is not None and not isinstance(schema, pa.Schema):
             raise UnsupportedInputError(uri, schema, "schema= must be a pyarrow.Schema")
@@ -245,9 +288,12 @@ class FragmentsPlan:
         self.fresh_field_ids = fresh_field_ids
         self.merge_schema = merge_schema
         self.null_counts = dict(null_counts or {})
+        self.stable_row_ids = stable_row_ids
         self.checked = False
 
     def __call__(self, ctx: PlanContext) -> Transaction:
+        if ctx.parent is not None:
+            check_stable_row_ids(ctx.uri, self.stable_row_ids, ctx.manifest)
         if not self.checked:
             check_in_data_dir(ctx, self.fragments)
             self.checked = True
@@ -311,12 +357,15 @@ def fragments_verb(
     null_counts: Mapping[str, int] | None,
     idempotency_since: int,
     commit_timeout: float | None,
+    enable_stable_row_ids: bool | None = None,
 ) -> tuple[FragmentsPlan, CommitArgs, VerbFlags]:
     """The plan, arguments and flags of ``commit_fragments`` (sync and async alike)."""
     from lancetx.commit.engine.retry import RetryPolicy
 
     if mode not in ("append", "overwrite"):
         raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    if enable_stable_row_ids is not None:
+        check_write_params({STABLE_ROW_IDS_PARAM: enable_stable_row_ids})
     plan = FragmentsPlan(
         uri,
         list(fragments),
@@ -325,6 +374,7 @@ def fragments_verb(
         fresh_field_ids=fresh_field_ids,
         merge_schema=merge_schema,
         null_counts=null_counts,
+        stable_row_ids=enable_stable_row_ids,
     )
     args = CommitArgs(
         commit_message,
@@ -333,6 +383,7 @@ def fragments_verb(
         expected_version,
         idempotency_since=idempotency_since,
         retry=RetryPolicy(max_elapsed=commit_timeout) if commit_timeout is not None else None,
+        stable_row_ids=bool(enable_stable_row_ids),
     )
     flags = VerbFlags(
         # A Merge lists every fragment: a concurrent append forces a new plan.
@@ -439,7 +490,9 @@ __all__ = [
     "FragmentsPlan",
     "WritePlan",
     "check_in_data_dir",
+    "check_stable_row_ids",
     "fragment_files",
     "fragments_verb",
     "overwrite_transaction",
+    "take_stable_row_ids",
 ]

@@ -16,6 +16,7 @@ import pytest
 from pyroaring import BitMap
 
 from lancetx.commit.engine.builder import (
+    FRAG_REUSE_INDEX_NAME,
     MEM_WAL_INDEX_NAME,
     InvalidTransactionError,
     fragment_bitmap,
@@ -109,6 +110,7 @@ def start(
         now=NOW,
         data_storage_version=None,
         enable_stable_row_ids=False,
+        frag_reuse_index=kwargs.get("frag_reuse_index"),  # type: ignore[arg-type]
     )
     if txn.WhichOneof("operation") not in ("restore", "clone"):
         start_from_previous(state)
@@ -194,6 +196,50 @@ def test_rewrite_replaces_each_group_with_new_fragments() -> None:
     group.new_fragments.append(frag(0, rows=20))
     state = start(previous(0, 1, 2), txn)
     assert ids(apply_rewrite(state)) == [2, 3]
+
+
+def test_rewrite_with_reserved_ids_swaps_remapped_indices() -> None:
+    """A remapping compaction: new fragments carry their reserved ids, and each
+    rewritten index gets its new uuid and files (in the table's own folder, even
+    when the old ones were under a base path) and covers the new fragments."""
+    old = index("v_idx", [1], [0, 1, 2])
+    old.base_id = 0  # read from a clone's source: the remapped files are the table's own
+    txn = Txn(read_version=3)
+    group = txn.rewrite.groups.add()
+    group.old_fragments.extend([frag(0), frag(1)])
+    group.new_fragments.append(frag(7, rows=20))
+    rewritten = txn.rewrite.rewritten_indices.add()
+    rewritten.old_id.uuid = old.uuid.uuid
+    rewritten.new_id.uuid = uuid.uuid4().bytes
+    rewritten.new_index_files.add(path="index.idx", size_bytes=10)
+    state = start(previous(0, 1, 2, max_fragment_id=7), txn, [old])
+    assert ids(apply_rewrite(state)) == [2, 7]
+    (v_idx,) = state.indices
+    assert v_idx.uuid.uuid == rewritten.new_id.uuid
+    assert [f.path for f in v_idx.files] == ["index.idx"]
+    assert fragment_bitmap(v_idx) == BitMap([2, 7])
+    assert not v_idx.HasField("base_id")
+
+
+def test_rewrite_carrying_a_fragment_reuse_index_replaces_the_tables() -> None:
+    """A compaction that defers remapping: its fragment reuse index (the table's
+    one plus this rewrite's version) replaces the table's; the others stay."""
+    current = index(FRAG_REUSE_INDEX_NAME, [], [5])
+    vec = index("v_idx", [1], [0, 1])
+    carried = index(FRAG_REUSE_INDEX_NAME, [], [5, 7])
+    txn = Txn(read_version=3)
+    group = txn.rewrite.groups.add()
+    group.old_fragments.extend([frag(0), frag(1)])
+    group.new_fragments.append(frag(7, rows=20))
+    state = start(
+        previous(0, 1, 5, max_fragment_id=7), txn, [current, vec], frag_reuse_index=carried
+    )
+    assert ids(apply_rewrite(state)) == [5, 7]
+    assert [(i.name, i.uuid.uuid) for i in state.indices] == [
+        ("v_idx", vec.uuid.uuid),
+        (FRAG_REUSE_INDEX_NAME, carried.uuid.uuid),
+    ]
+    assert fragment_bitmap(state.indices[0]) == BitMap([0, 1]), "deferred: not remapped"
 
 
 def test_merge_keeps_fragments_and_takes_the_new_schema() -> None:

@@ -44,12 +44,7 @@ def test_lancedb_reads_every_version_and_searches_with_the_index_after_compact(
         table.append(_batch(rng, n * ROWS_PER_FRAGMENT))
     table.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4)
     table.delete("id % 7 = 0")
-    table.compact()
-    # Until compaction remaps vector indices (f21-index), the index is rebuilt over
-    # the compacted fragments here; once that lands, drop these two lines: the search
-    # below must then use the index compact() kept.
-    table.drop_index("vec_idx")
-    table.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4)
+    table.compact()  # remaps the vector index: the search below uses the index it kept
     total = FRAGMENTS * ROWS_PER_FRAGMENT - len(range(0, FRAGMENTS * ROWS_PER_FRAGMENT, 7))
     assert table.count_rows() == total
 

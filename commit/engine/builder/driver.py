@@ -44,6 +44,7 @@ def build_manifest(
     now: datetime | None = None,
     data_storage_version: str | None = None,
     enable_stable_row_ids: bool = False,
+    frag_reuse_index: IndexMetadata | None = None,
 ) -> BuiltManifest:
     """Build the manifest of ``version`` by applying ``txn`` to ``previous``.
 
@@ -58,6 +59,9 @@ def build_manifest(
     storage version the writer requested (Lance's ``WriteParams``): it is checked
     against a new table's data files and replaces the format on Overwrite.
     ``enable_stable_row_ids`` turns stable row ids on for a new table.
+    ``frag_reuse_index`` is the fragment reuse index a Rewrite that defers index
+    remapping carries (Lance keeps it in memory, never in the transaction): it
+    replaces the table's one in the new version.
 
     Raises InvalidTransactionError when the transaction does not fit
     ``previous``, UnsupportedTransactionError / UnsupportedFeatureError for a
@@ -76,6 +80,7 @@ def build_manifest(
             now=now,
             data_storage_version=data_storage_version,
             enable_stable_row_ids=enable_stable_row_ids,
+            frag_reuse_index=frag_reuse_index,
         )
     )
 

@@ -44,6 +44,7 @@ class BuildState:
         now: datetime | None,
         data_storage_version: str | None,
         enable_stable_row_ids: bool,
+        frag_reuse_index: IndexMetadata | None = None,
     ) -> None:
         self.previous = previous
         self.previous_indices = [copy_message(i) for i in previous_indices]
@@ -59,6 +60,7 @@ class BuildState:
         self.now = now
         self.requested_storage_version = data_storage_version
         self.enable_stable_row_ids = enable_stable_row_ids
+        self.frag_reuse_index = frag_reuse_index
         op = txn.WhichOneof("operation")
         self.op_key = op or ""
         self.op_name = op_name(op) if op else "(no operation)"
