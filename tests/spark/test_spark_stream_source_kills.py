@@ -177,7 +177,7 @@ def run_child(
         child.wait()
 
 
-@pytest.mark.long
+@pytest.mark.long_only  # its own Spark applications, killed twice: CI's long pass
 @pytest.mark.slow
 @pytest.mark.timeout(3 * CHILD_BUDGET)
 def test_a_stream_killed_twice_copies_every_appended_row_exactly_once(
