@@ -139,9 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         df = _frame(spark, args.rows, args.partitions)
         assert len(df.columns) == COLUMNS
         df.write.mode("overwrite").parquet(parquet)
-        df.write.format("lancetx").mode("overwrite").option("vector_columns", "emb:128").save(
-            table
-        )
+        df.write.format("lancetx").mode("overwrite").option("vector_columns", "emb:128").save(table)
 
         def lancetx() -> Any:
             reader = spark.read.format("lancetx")
@@ -151,26 +149,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         schema = "id long, score double"
         readers: dict[str, Callable[[], None]] = {
-            "parquet-full": lambda: spark.read.parquet(parquet)
-            .write.format("noop")
-            .mode("overwrite")
-            .save(),
-            "lancetx-full": lambda: lancetx()
-            .load(table)
-            .write.format("noop")
-            .mode("overwrite")
-            .save(),
-            "parquet-2col": lambda: spark.read.parquet(parquet)
-            .select(*PROJECTION)
-            .write.format("noop")
-            .mode("overwrite")
-            .save(),
-            "lancetx-2col": lambda: lancetx()
-            .schema(schema)
-            .load(table)
-            .write.format("noop")
-            .mode("overwrite")
-            .save(),
+            "parquet-full": lambda: (
+                spark.read.parquet(parquet).write.format("noop").mode("overwrite").save()
+            ),
+            "lancetx-full": lambda: (
+                lancetx().load(table).write.format("noop").mode("overwrite").save()
+            ),
+            "parquet-2col": lambda: (
+                spark.read.parquet(parquet)
+                .select(*PROJECTION)
+                .write.format("noop")
+                .mode("overwrite")
+                .save()
+            ),
+            "lancetx-2col": lambda: (
+                lancetx().schema(schema).load(table).write.format("noop").mode("overwrite").save()
+            ),
         }
         # Same rows on both sides, and one untimed read each (JIT, Python workers, page cache).
         assert spark.read.parquet(parquet).count() == args.rows

@@ -4,6 +4,7 @@ exactly by real pylance with deletion vectors, filters and stable row ids."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import lance
@@ -44,7 +45,7 @@ def _assert_exactly_once(partitions: list, fragments: list[FragmentSize]) -> Non
             continue
         ranges = covered[f.fragment_id]
         assert ranges[0][0] == 0 and ranges[-1][1] == f.rows, (f, ranges)
-        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
 
 
 def test_a_fragment_larger_than_a_partition_is_split_into_exact_row_ranges() -> None:
@@ -125,3 +126,25 @@ def test_pieces_read_every_row_once_with_deletions_and_filters(
         expected = ds.to_table(columns=["id"], filter=where)["id"].to_pylist()
         assert len(ids) == len(set(ids)), where
         assert sorted(ids) == sorted(expected), where
+
+
+def test_partition_options_take_spark_names_and_refuse_typos() -> None:
+    from pyspark_lancetx.errors import SparkOptionError, UnknownSparkOptionError
+    from pyspark_lancetx.options import ReadOptions, StreamReadOptions
+
+    parsed = ReadOptions.parse(
+        {"path": "/t", "maxpartitionbytes": "1000", "minpartitions": "3", "rowsperpartition": "5"}
+    )
+    assert (parsed.max_partition_bytes, parsed.min_partitions, parsed.rows_per_partition) == (
+        1000,
+        3,
+        5,
+    )
+    defaults = ReadOptions.parse({"path": "/t"})
+    assert defaults.max_partition_bytes == 128 * MIB and defaults.rows_per_partition is None
+    with pytest.raises(UnknownSparkOptionError, match=r"did you mean max_partition_bytes\?"):
+        ReadOptions.parse({"path": "/t", "maxpartitionbyte": "1000"})
+    with pytest.raises(SparkOptionError, match=r"'min_partitions'='0'.*positive integer"):
+        ReadOptions.parse({"path": "/t", "min_partitions": "0"})
+    with pytest.raises(UnknownSparkOptionError, match=r"'max_partition_bytes'.*a read option"):
+        StreamReadOptions.parse({"path": "/t", "max_partition_bytes": "1000"})
