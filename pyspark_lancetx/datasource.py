@@ -439,7 +439,10 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             for name in options.columns:
                 if name not in by_name:
                     raise SparkSchemaError(
-                        options.uri, name, f"not a column of the table {sorted(by_name)}"
+                        options.uri,
+                        name,
+                        f"not a column of the table {sorted(by_name)}",
+                        reading=True,
                     )
             spark_schema = StructType([by_name[n] for n in options.columns])
         pinned = _Pinned(

@@ -144,7 +144,7 @@ def _width(dtype: pa.DataType) -> float:
 
     t = pa.types
     if t.is_fixed_size_list(dtype):
-        return dtype.list_size * _width(dtype.value_type)
+        return float(dtype.list_size) * _width(dtype.value_type)
     if t.is_struct(dtype):
         return sum(_width(f.type) for f in dtype.fields) or 1.0
     if t.is_dictionary(dtype):

@@ -284,7 +284,7 @@ def check_read_schema(uri: str, table: StructType, schema: StructType) -> None:
             close = lower.get(f.name.lower())
             hint = f"; did you mean {close!r}? (names are case-sensitive)" if close else ""
             raise SparkSchemaError(
-                uri, f.name, f"not a column of the table {sorted(by_name)}{hint}"
+                uri, f.name, f"not a column of the table {sorted(by_name)}{hint}", reading=True
             )
         if column.dataType.simpleString() != f.dataType.simpleString():  # nullability aside
             raise SparkSchemaError(
@@ -293,6 +293,7 @@ def check_read_schema(uri: str, table: StructType, schema: StructType) -> None:
                 f"the schema given to the read says {f.dataType.simpleString()}, but the "
                 f"table's column reads as {column.dataType.simpleString()}: give that type "
                 "(or cast after loading)",
+                reading=True,
             )
 
 
