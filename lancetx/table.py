@@ -11,33 +11,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import pyarrow as pa
-
 from lancetx.arguments import checked, checked_methods
 from lancetx.commit.errors import DatasetNotFoundError
-from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
-from lancetx.convert import to_transaction
 from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
-from lancetx.history import VersionInfo
 from lancetx.state import TableState
-from lancetx.tags import Tags
-from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
-from lancetx.verbs.maintenance import (
-    plan_compact,
-    plan_create_index,
-    plan_drop_index,
-    plan_restore,
-    plan_update_config,
-)
-from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
-from lancetx.verbs.rows import plan_delete, plan_update
-from lancetx.verbs.writing import WritePlan, fragments_verb
-from lancetx.writer import TableWriter
+
+# Opening a table and reading its version loads none of the modules below (every
+# CLI call and every Spark task pays its imports anew): each verb imports what it
+# uses when it is called (``tests/test_import_cost.py``).
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from lance import LanceDataset
+
+    from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags
+    from lancetx.history import VersionInfo
+    from lancetx.tags import Tags
+    from lancetx.writer import TableWriter
 
 R = TypeVar("R")
-
-if TYPE_CHECKING:
-    from lance import LanceDataset
 
 #: pylance verbs that only exist as "pylance commits itself", with what to use instead.
 REFUSED_VERBS: Mapping[str, str] = {
@@ -57,7 +48,17 @@ def _args(
     idempotency_key: str | None,
     expected_version: int | None,
 ) -> CommitArgs:
+    from lancetx.committing import CommitArgs
+
     return CommitArgs(commit_message, properties, idempotency_key, expected_version)
+
+
+def _flags(
+    *, replannable: bool = False, reusable: bool = False, owns_data: bool = True
+) -> VerbFlags:
+    from lancetx.committing import VerbFlags
+
+    return VerbFlags(replannable=replannable, reusable=reusable, owns_data=owns_data)
 
 
 @checked_methods
@@ -102,11 +103,13 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Append ``data`` (anything pylance writes). ``write_params`` go to
         ``lance.fragment.write_fragments`` (max_rows_per_file, …)."""
+        from lancetx.verbs.writing import WritePlan
+
         plan = WritePlan(data, overwrite=False, schema=schema, params=write_params)
         return self._run(
             plan,
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(reusable=True),
+            _flags(reusable=True),
         )
 
     def overwrite(
@@ -121,11 +124,13 @@ class TableVerbs(Generic[R]):
         **write_params: Any,
     ) -> R:
         """Replace every row (and the schema) with ``data``; older versions stay readable."""
+        from lancetx.verbs.writing import WritePlan
+
         plan = WritePlan(data, overwrite=True, schema=schema, params=write_params)
         return self._run(
             plan,
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True, reusable=True),
+            _flags(replannable=True, reusable=True),
         )
 
     def delete(
@@ -138,10 +143,12 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Delete the rows matching the SQL ``predicate`` (re-planned after a retryable conflict)."""
+        from lancetx.verbs.rows import plan_delete
+
         return self._run(
             plan_delete(predicate),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
     def update(
@@ -158,10 +165,12 @@ class TableVerbs(Generic[R]):
         """Set columns on the rows matching ``where`` (all rows when None). A string
         value is an SQL expression over the old row (``"price * 2"``); anything else
         is a literal."""
+        from lancetx.verbs.rows import plan_update
+
         return self._run(
             plan_update(where, values, write_params),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
     def merge_insert(self, on: str | Sequence[str]) -> MergeInsertBuilder[R]:
@@ -171,6 +180,8 @@ class TableVerbs(Generic[R]):
         On the table's unenforced primary key (or with
         :meth:`MergeInsertBuilder.conflict_on_inserted_keys`), concurrent merges
         never insert one key twice: the later one plans again and updates."""
+        from lancetx.verbs.merging import join_columns
+
         return MergeInsertBuilder(self, join_columns(on))
 
     def add_columns(
@@ -185,6 +196,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Add columns: ``{"name": "SQL expression"}``, a batch UDF, or Arrow fields
         (all-null, metadata only)."""
+        from lancetx.verbs.columns import plan_add_columns
+
         return self._run(
             plan_add_columns(transforms, read_columns),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -200,6 +213,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Drop top-level columns (metadata only; the data stays in older versions)."""
+        from lancetx.verbs.columns import plan_drop_columns
+
         return self._run(
             plan_drop_columns(list(columns)),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -215,6 +230,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Rename columns or change nullability: ``{"path": "a", "name": "b"}``,
         ``{"path": "a", "nullable": True}``. A type change is refused (see the error)."""
+        from lancetx.verbs.columns import plan_alter_columns
+
         return self._run(
             plan_alter_columns(list(alterations)),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -232,10 +249,12 @@ class TableVerbs(Generic[R]):
         """Rewrite small fragments (and fragments with many deleted rows) into fewer
         ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
         Returns the current version unchanged when nothing needs compaction."""
+        from lancetx.verbs.maintenance import plan_compact
+
         return self._run(
             plan_compact(options or {}),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
     def create_index(
@@ -254,6 +273,8 @@ class TableVerbs(Generic[R]):
         """Build an index (scalar: ``"BTREE"``, ``"BITMAP"``, …; vector: ``"IVF_PQ"``,
         ``"IVF_FLAT"``, … with ``num_partitions=`` etc.) over every fragment, via
         pylance's ``create_index_uncommitted``; lancetx commits it."""
+        from lancetx.verbs.maintenance import plan_create_index
+
         return self._run(
             plan_create_index(column, index_type, name, replace, index_params),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -269,6 +290,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Remove the index ``name`` (every segment of it) from the table."""
+        from lancetx.verbs.maintenance import plan_drop_index
+
         return self._run(
             plan_drop_index(name),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -284,6 +307,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Make ``version`` the latest again (as a new version; history is kept)."""
+        from lancetx.verbs.maintenance import plan_restore
+
         return self._run(
             plan_restore(version),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -300,6 +325,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Set table config keys (``None`` removes a key; ``replace`` replaces all)."""
+        from lancetx.verbs.maintenance import plan_update_config
+
         return self._run(
             plan_update_config(config=values, replace=replace),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -316,6 +343,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Set table metadata keys (``None`` removes a key)."""
+        from lancetx.verbs.maintenance import plan_update_config
+
         return self._run(
             plan_update_config(table_metadata=values, replace=replace),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -332,6 +361,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Set schema metadata keys (``None`` removes a key)."""
+        from lancetx.verbs.maintenance import plan_update_config
+
         return self._run(
             plan_update_config(schema_metadata=values, replace=replace),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -349,6 +380,7 @@ class TableVerbs(Generic[R]):
         """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
         pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
         refused naming their type). Fragments must be in this table's data directory."""
+        from lancetx.convert import to_transaction
         from lancetx.verbs.writing import check_in_data_dir
 
         def plan(ctx: Any) -> Any:
@@ -359,7 +391,7 @@ class TableVerbs(Generic[R]):
         return self._run(
             plan,
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(owns_data=False),
+            _flags(owns_data=False),
         )
 
 
@@ -475,6 +507,8 @@ class Table(TableVerbs[int]):
         lancetx sees pylance's): ``table.tags.create("v1", 3)``, ``.update``,
         ``.delete``, ``.list()``. A tagged version stays readable by name and
         every cleanup keeps it."""
+        from lancetx.tags import Tags
+
         return Tags(self._state)
 
     def checkout(self, version: int | str) -> Table:
@@ -558,6 +592,9 @@ class Table(TableVerbs[int]):
         (``lancetx.open(uri, missing_ok=True)``). Returns the CommitResult."""
         if self._pinned is not None:
             raise ReadOnlyTableError(self.uri, self._pinned)
+        from lancetx.committing import run_verb
+        from lancetx.verbs.writing import fragments_verb
+
         verb = fragments_verb(
             self.uri,
             fragments,
@@ -585,7 +622,9 @@ class Table(TableVerbs[int]):
     ) -> CommitResult:
         if self._pinned is not None:
             raise ReadOnlyTableError(self.uri, self._pinned)
-        result = run_verb(self._state, plan, args, flags or VerbFlags())
+        from lancetx.committing import run_verb
+
+        result = run_verb(self._state, plan, args, flags or _flags())
         self.last_commit = result
         return result
 
@@ -601,6 +640,8 @@ class Table(TableVerbs[int]):
         """A streaming writer: ``with table.writer() as w: w.write(batch); w.commit()``."""
         if self._pinned is not None:
             raise ReadOnlyTableError(self.uri, self._pinned)
+        from lancetx.writer import TableWriter
+
         return TableWriter(
             self,
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -613,6 +654,8 @@ class MergeInsertBuilder(Generic[R]):
     """pylance's merge_insert builder, committed by lancetx (see :meth:`Table.merge_insert`)."""
 
     def __init__(self, table: TableVerbs[R], on: list[str]) -> None:
+        from lancetx.verbs.merging import MergeSpec
+
         self._table = table
         self._spec = MergeSpec(on=on)
 
@@ -653,6 +696,8 @@ class MergeInsertBuilder(Generic[R]):
         return self
 
     def plan(self, data: Any, schema: pa.Schema | None = None) -> Plan:
+        from lancetx.verbs.merging import materialize, plan_merge_insert
+
         return plan_merge_insert(self._spec, materialize(self._table.uri, data, schema))
 
     def execute(
@@ -669,7 +714,7 @@ class MergeInsertBuilder(Generic[R]):
         return self._table._run(
             self.plan(data, schema),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
 
@@ -722,6 +767,9 @@ def write_table(
     latest = state.refresh()
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
+    from lancetx.committing import VerbFlags, run_verb
+    from lancetx.verbs.writing import WritePlan
+
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
     result = run_verb(
         state,
@@ -775,6 +823,9 @@ def commit_fragments(
     versions known not to hold it. ``commit_timeout`` bounds how long lost races are
     retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
     call again with the same key to settle it."""
+    from lancetx.committing import run_verb
+    from lancetx.verbs.writing import fragments_verb
+
     verb = fragments_verb(
         uri,
         fragments,

@@ -40,17 +40,35 @@ NOT_ON_IMPORT = (
 )
 
 #: Not loaded by opening a table (``lancetx.open(uri).version``): the CLI, pylance
-#: (reads load it when they need it), the operator tools, multi-table commits.
+#: (reads load it when they need it), the operator tools, multi-table commits; the
+#: data plane's Python side (pyarrow, numpy: a version is read from its manifest),
+#: asyncio (the open is sync), the commit engine that builds and claims manifests,
+#: the verbs and what only they use.
 NOT_ON_OPEN = (
     *NEVER,
     "typer",
     "lance",
-    "pyarrow.compute",
-    "pyarrow.dataset",
+    "pyarrow",
+    "numpy",
+    "asyncio",
+    "statistics",
     "lancetx.cli",
     "lancetx.ops",
     "lancetx.multi_table",
     "lancetx.externalstore.multi_table",
+    "lancetx.committing",
+    "lancetx.verbs",
+    "lancetx.writer",
+    "lancetx.convert",
+    "lancetx.tags",
+    "lancetx.history",
+    "lancetx.commit.engine.committer",
+    "lancetx.commit.engine.builder.driver",
+    "lancetx.commit.engine.builder.common",
+    "lancetx.commit.engine.builder.ops",
+    "lancetx.commit.engine.rebase",
+    "lancetx.commit.engine.turns",
+    "lancetx.commit.format.schema",
 )
 
 #: Not loaded by ``lancetx-sync --help``: nothing of the data plane or AWS.

@@ -107,6 +107,7 @@ from lancetx.commit.engine.operations import (
     Rewrite,
     Transaction,
 )
+from lancetx.commit.engine.parents import load_parent, load_parent_async
 from lancetx.commit.engine.rebase import rebase_steps
 from lancetx.commit.engine.retry import RetryPolicy
 from lancetx.commit.engine.turns import QueueTurn, end_turn_steps, join_queue, wait_for_turn
@@ -219,28 +220,6 @@ class Committed:
 
 
 # ------------------------------------------------------------------ front doors
-
-
-def load_parent(
-    handler: CommitHandler, base: str, version: int | None = None, *, held: Parent | None = None
-) -> Parent | None:
-    """The latest version (or ``version``), or None for a table with no versions.
-
-    ``held``: a version the caller already has; if the latest (or ``version``) is
-    that version, its manifest is not read again (a committed version never changes).
-    """
-    return run(load_parent_steps(handler.store, base, version, held=held), handler)
-
-
-async def load_parent_async(
-    handler: AsyncCommitHandler,
-    base: str,
-    version: int | None = None,
-    *,
-    held: Parent | None = None,
-) -> Parent | None:
-    """:func:`load_parent` through an :class:`AsyncCommitHandler`."""
-    return await run_async(load_parent_steps(handler.store, base, version, held=held), handler)
 
 
 def commit_transaction(

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -212,6 +211,8 @@ class TableContention:
         holder overslept its start is an outlier here, not a new normal."""
         if not self.turn_samples:
             return 0.0
+        import statistics  # here: opening a table loads this module, never this
+
         return float(statistics.median(self.turn_samples))
 
     def committed(self, losses: int) -> None:

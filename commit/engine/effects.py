@@ -17,7 +17,6 @@ it interrupted (e.g. a claim that may have landed) before it propagates.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
@@ -34,6 +33,8 @@ from lancetx.commit.storage.limits import read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
 if TYPE_CHECKING:
+    import asyncio
+
     from lancetx.commit.handlers.interface import AsyncCommitHandler
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
@@ -340,6 +341,8 @@ async def _nothing() -> None:
 
 async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
     """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
+    import asyncio  # here: the sync driver's users (opening a table) never load it
+
     store, queue = handler.store, handler.queue
     performers: dict[type, Callable[[Any], Awaitable[Any]]] = {
         GetObject: lambda e: (
@@ -393,6 +396,8 @@ class _BlockingStore(ObjectStore):
         self.read_limits = inner.read_limits
 
     def _wait(self, coro: Any) -> Any:
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def uri(self, key: str) -> str:
