@@ -155,6 +155,17 @@ class ReadTurns:
 
 
 @dataclass(frozen=True)
+class LookVersions:
+    """The versions ``since + 1`` … ``since + count`` claimed so far, up to the first
+    that is not, by the queue's point reads (result: list[ManifestLocation], or None
+    without a queue that can look: list them with :class:`ListVersions` instead)."""
+
+    base: str
+    since: int
+    count: int
+
+
+@dataclass(frozen=True)
 class EndTurn:
     """Our turn with ``ticket`` is over, won by claiming ``version`` if it was
     (result: None)."""
@@ -208,6 +219,7 @@ Effect = (
     | ClaimVersion
     | TakeTicket
     | ReadTurns
+    | LookVersions
     | EndTurn
     | Sleep
     | Gather
@@ -309,6 +321,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return queue.take_ticket(base) if queue is not None else None
             case ReadTurns(base):
                 return queue.read_turns(base) if queue is not None else None
+            case LookVersions(base, since, count):
+                return queue.look(base, since, count) if queue is not None else None
             case EndTurn(base, ticket, claimed):
                 return queue.end_turn(base, ticket, claimed) if queue is not None else None
         raise TypeError(f"unknown effect {effect!r}")
@@ -359,6 +373,9 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme, e.summary),
         TakeTicket: lambda e: queue.take_ticket(e.base) if queue is not None else _nothing(),
         ReadTurns: lambda e: queue.read_turns(e.base) if queue is not None else _nothing(),
+        LookVersions: lambda e: (
+            queue.look(e.base, e.since, e.count) if queue is not None else _nothing()
+        ),
         EndTurn: lambda e: (
             queue.end_turn(e.base, e.ticket, e.version) if queue is not None else _nothing()
         ),
@@ -441,6 +458,7 @@ __all__ = [
     "GetRange",
     "GetTail",
     "ListVersions",
+    "LookVersions",
     "Names",
     "PutObject",
     "ReadManifest",
