@@ -204,10 +204,13 @@ def wait_for_turn(
 ) -> Steps[list[Loaded] | None]:
     """Wait until every ticket before ours was served (or the queue stalls).
 
-    It watches the table (one Query a look, :func:`contention.turn_wait` says
-    when): a claim made from the queue carries its ticket, so the claims since
-    our parent say whose turn it is, and the Query that shows the claim of the
-    ticket before ours lists exactly the versions we must build on. While the
+    It watches the table (:func:`contention.turn_wait` says when; each look
+    reads the versions after the newest seen that the tickets ahead can claim,
+    by key: one GetItem next in line, one BatchGetItem far back, see
+    :func:`look`): a claim made from the queue carries its ticket, so the
+    claims since our parent say whose turn it is, and the look that shows the
+    claim of the ticket before ours completes exactly the versions we must
+    build on. While the
     queue stands still it also reads the queue item now and then: a writer
     whose turn ended without a claim (refused, gave up) serves its ticket
     there. Returns the versions committed after ``since`` when it loaded
