@@ -23,7 +23,8 @@ marks ``retryable``::
     │   ├── FragmentFormatError          fragment metadata (format.fragments)
     │   ├── MixedNamingSchemesError      V1 and V2 manifest names in one _versions/ (format.listing)
     │   ├── RowIdFormatError             a row-id sequence (format.rowids)
-    │   └── TagFileError                 a tag file that names no version (format.retention)
+    │   ├── TagFileError                 a tag file that names no version (format.retention)
+    │   └── BasePathError                a base path (or a file's base id) lancetx cannot follow (format.bases)
     ├── SchemaConversionError            an Arrow schema or field list we cannot convert
     ├── UnsupportedFeatureError          a feature flag we do not implement
     │   └── UnsupportedTransactionError  an operation we do not build (engine.builder.errors)
@@ -123,6 +124,14 @@ class DeletionFileError(FormatError):
     """A ``_deletions/*`` file is of the wrong type or does not decode."""
 
     kind = "deletion file"
+
+
+class BasePathError(FormatError):
+    """A manifest's base path that cannot be followed safely (a path that walks up
+    with ``..``, an S3 URI without a bucket), or a file stored under a base id the
+    manifest does not register. Nothing is read, committed or deleted through it."""
+
+    kind = "base path"
 
 
 class ObjectTooLargeError(FormatError):

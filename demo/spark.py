@@ -104,7 +104,7 @@ def run(spark: Any, append_jobs: int, rows: int, pylance_appends: int) -> bool:
         options = {f"storage.{k}": v for k, v in storage.items()}
 
         def spark_job(name: str, mode: str, first_id: int) -> Callable[[], None]:
-            def job() -> None:
+            def write() -> None:
                 # Python data sources resolve through the JVM's active session, per thread.
                 spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
                 df = spark.range(first_id, first_id + rows, 1, 2).selectExpr(
@@ -113,6 +113,21 @@ def run(spark: Any, append_jobs: int, rows: int, pylance_appends: int) -> bool:
                 df.write.format("lancetx").mode(mode).options(**options).option(
                     "job_id", name
                 ).option("commit_message", f"{mode} by {name}").save(uri)
+
+            def job() -> None:
+                try:
+                    write()
+                except Exception as exc:
+                    # An append planned before the overwrite landed cannot be applied on
+                    # top of it (Lance's conflict rules); what a user does is run the job
+                    # again: with the same job id it commits once, on the new table.
+                    if "IncompatibleConflictError" not in str(exc):
+                        raise
+                    print(
+                        f"{name}: refused, the overwrite replaced the table it had read; "
+                        "running the job again (same job id)"
+                    )
+                    write()
 
             return job
 

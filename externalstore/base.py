@@ -73,6 +73,10 @@ class ManifestEntry:
     ``summary`` is the claimed version's transaction in brief (lancetx only):
     a concurrent writer judges most conflicts from it without reading the
     manifest (see :class:`~lancetx.commit.format.location.TransactionSummary`).
+    ``removed_at`` (lancetx only) marks the item of a version whose manifest a
+    cleanup removed (epoch milliseconds): the item stays as a fence, and the mark
+    tells every reader the version is gone on purpose, wherever it lies (a
+    tagged version a cleanup kept below it may lose its tag later).
     """
 
     base_uri: str
@@ -84,6 +88,7 @@ class ManifestEntry:
     commit_token: str | None = None
     bucket: str | None = None
     summary: TransactionSummary | None = None
+    removed_at: int | None = None
 
     def __post_init__(self) -> None:
         if not self.base_uri:
@@ -105,6 +110,11 @@ class ManifestEntry:
         path's extension is not exactly ``manifest``), i.e. the copy to the
         final name and the pointer flip have not both happened yet."""
         return not self.path.endswith(MANIFEST_SUFFIX)
+
+    @property
+    def is_removed(self) -> bool:
+        """True when a cleanup marked this item's version removed (see ``removed_at``)."""
+        return self.removed_at is not None
 
 
 def keys_base_uri(base_uri: str) -> str:

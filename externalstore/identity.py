@@ -201,8 +201,9 @@ def explain_unreadable_steps(
         if collision is not None:
             return collision
     if isinstance(error, ObjectNotFoundError):
-        if entry.size is None and not entry.is_staged:
-            # What backfill records for a version deleted by cleanup: known to be gone.
+        if entry.is_removed or (entry.size is None and not entry.is_staged):
+            # A cleanup marked it removed, or backfill recorded a version a cleanup
+            # deleted: known to be gone, wherever it lies among the kept versions.
             return error
         finals = yield from final_manifest_versions(table)
         if bucket is not None and entry.bucket is None and not finals:
@@ -212,9 +213,9 @@ def explain_unreadable_steps(
         if finals and entry.version < min(finals):
             # Older than every manifest the store holds: a cleanup removed it and kept
             # its item as a fence (a writer whose parent it was meets it). Not dangling:
-            # "not found" lets readers skip it and a writer re-plan on the latest. Tags
-            # are not read here: a tagged older version keeps this "dangling", the
-            # cautious answer.
+            # "not found" lets readers skip it and a writer re-plan on the latest. An
+            # unmarked item above a tagged older version stays "dangling" (tags are not
+            # read here): lancetx's cleanup marks every item it keeps as a fence.
             return error
         return DanglingEntryError(
             table.base_uri,

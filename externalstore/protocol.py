@@ -1158,6 +1158,7 @@ def _location(entry: ManifestEntry, scheme: NamingScheme) -> ManifestLocation:
         size=entry.size,
         alternate_key=alternate,
         summary=entry.summary,
+        removed=entry.is_removed,
     )
 
 

@@ -5,6 +5,7 @@ The front door::
     import lancetx
     table = lancetx.write_table(uri, data)          # create (or mode="append"/"overwrite")
     table = lancetx.open(uri, storage_options)      # an existing table
+    lancetx.history(uri, storage_options)           # its versions ([] where none)
     table.append(more); table.delete("id < 3"); table.to_table()
 
 Every write verb commits one version through lancetx (pylance writes the data, never
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         AmbiguousWriteError,
         ArgumentTypeError,
         BadEntryError,
+        BasePathError,
         BatchEntryExistsError,
         ColumnMismatchError,
         CommitConflictError,
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
         IamPolicyError,
         IdempotencyKeyCollisionError,
         IncompatibleConflictError,
+        IndexRemapError,
         InvalidCommitError,
         InvalidConfigError,
         InvalidIdempotencyKeyError,
@@ -134,17 +137,19 @@ if TYPE_CHECKING:
         WedgedVersionError,
         WriterClosedError,
     )
-    from lancetx.history import VersionInfo
     from lancetx.multi_table import commit_many
     from lancetx.table import (
         MergeInsertBuilder,
         Table,
+        clone,
         commit_fragments,
         connect,
+        history,
         open,
         write_table,
     )
     from lancetx.tags import TagInfo, Tags
+    from lancetx.version_history import VersionInfo
     from lancetx.writer import TableWriter
     from lancetx.written import WrittenFiles, check_schema
 
@@ -160,6 +165,7 @@ _WHERE: dict[str, str] = {
     "AmbiguousWriteError": "lancetx.errors",
     "ArgumentTypeError": "lancetx.errors",
     "BadEntryError": "lancetx.errors",
+    "BasePathError": "lancetx.errors",
     "BatchEntryExistsError": "lancetx.errors",
     "ColumnMismatchError": "lancetx.errors",
     "CommitConflictError": "lancetx.errors",
@@ -261,12 +267,15 @@ _WHERE: dict[str, str] = {
     "WedgedTableError": "lancetx.errors",
     "WedgedVersionError": "lancetx.errors",
     "WriterClosedError": "lancetx.errors",
-    "VersionInfo": "lancetx.history",
+    "IndexRemapError": "lancetx.errors",
+    "VersionInfo": "lancetx.version_history",
     "commit_many": "lancetx.multi_table",
     "MergeInsertBuilder": "lancetx.table",
     "Table": "lancetx.table",
+    "clone": "lancetx.table",
     "commit_fragments": "lancetx.table",
     "connect": "lancetx.table",
+    "history": "lancetx.table",
     "open": "lancetx.table",
     "write_table": "lancetx.table",
     "TagInfo": "lancetx.tags",
@@ -302,6 +311,7 @@ __all__ = [
     "AmbiguousWriteError",
     "ArgumentTypeError",
     "BadEntryError",
+    "BasePathError",
     "BatchEntryExistsError",
     "ColumnMismatchError",
     "CommitConflictError",
@@ -327,6 +337,7 @@ __all__ = [
     "IamPolicyError",
     "IdempotencyKeyCollisionError",
     "IncompatibleConflictError",
+    "IndexRemapError",
     "InvalidCommitError",
     "InvalidConfigError",
     "InvalidIdempotencyKeyError",
@@ -414,9 +425,11 @@ __all__ = [
     "__version__",
     "check_idempotency_key",
     "check_schema",
+    "clone",
     "commit_fragments",
     "commit_many",
     "connect",
+    "history",
     "open",
     "write_table",
 ]

@@ -20,9 +20,17 @@ without a warning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+)
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -56,12 +64,13 @@ from lancetx.committing import (
 from lancetx.committing import Effect as VerbEffect
 from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.connect import open_async_handler
-from lancetx.history import VersionInfo
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
-from lancetx.table import Table, TableVerbs, _args
+from lancetx.table import Table, TableVerbs, _args, clone_flags, prepare_clone
+from lancetx.table import history as _sync_history
 from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
+from lancetx.version_history import VersionInfo
 from lancetx.writer import AsyncTableWriter, TableWriter
 
 if TYPE_CHECKING:
@@ -279,6 +288,27 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
         return self._sync.schema
 
     @property
+    def exists(self) -> bool:
+        """See :attr:`lancetx.Table.exists` (False for a table opened with
+        ``missing_ok=True`` where nothing is yet)."""
+        return self._sync.exists
+
+    @property
+    def data_storage_version(self) -> str | None:
+        """See :attr:`lancetx.Table.data_storage_version`."""
+        return self._sync.data_storage_version
+
+    @property
+    def pylance_storage_options(self) -> dict[str, str]:
+        """See :attr:`lancetx.Table.pylance_storage_options`."""
+        return self._sync.pylance_storage_options
+
+    def check_fragment_schema(self, schema: pa.Schema, *, merge_schema: bool = False) -> None:
+        """See :meth:`lancetx.Table.check_fragment_schema` (no request: the manifest is
+        already read)."""
+        self._sync.check_fragment_schema(schema, merge_schema=merge_schema)
+
+    @property
     def sync(self) -> Table:
         """The synchronous Table over the same state (for code that is not async)."""
         return self._sync
@@ -358,6 +388,52 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
     async def find_idempotency_key(self, key: str) -> int | None:
         return await asyncio.to_thread(self._sync.find_idempotency_key, key)
 
+    async def walk_history(self, *, since: int = 0) -> AsyncIterator[VersionInfo]:
+        """:meth:`lancetx.Table.walk_history` (newest first, read as the iteration goes
+        on), each step on a worker thread so the event loop stays free."""
+        versions = self._sync.walk_history(since=since)
+        done = object()
+        while (info := await asyncio.to_thread(next, versions, done)) is not done:
+            yield info  # type: ignore[misc]
+
+    async def commit_fragments(
+        self,
+        fragments: Iterable[Any],
+        *,
+        schema: pa.Schema | None,
+        mode: str = "append",
+        commit_message: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        fresh_field_ids: bool = False,
+        merge_schema: bool = False,
+        null_counts: Mapping[str, int] | None = None,
+        idempotency_since: int = 0,
+        commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
+    ) -> CommitResult:
+        """:meth:`lancetx.Table.commit_fragments` through this table's own clients
+        (creates the table if :func:`open` was given ``missing_ok=True`` and it has no
+        version yet). Returns the CommitResult."""
+        verb = fragments_verb(
+            self.uri,
+            fragments,
+            schema=schema,
+            mode=mode,
+            commit_message=commit_message,
+            properties=properties,
+            idempotency_key=idempotency_key,
+            expected_version=expected_version,
+            fresh_field_ids=fresh_field_ids,
+            merge_schema=merge_schema,
+            null_counts=null_counts,
+            idempotency_since=idempotency_since,
+            commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
+        )
+        return await self._run_result(*verb)
+
 
 @checked
 async def open(
@@ -365,16 +441,28 @@ async def open(
     storage_options: Mapping[str, str] | None = None,
     *,
     version: int | str | None = None,
+    missing_ok: bool = False,
 ) -> AsyncTable:
-    """The async :func:`lancetx.open`."""
+    """The async :func:`lancetx.open` (``missing_ok`` as there: the table of a path
+    with no version yet, which :meth:`AsyncTable.commit_fragments` creates; with
+    ``version``, also while the latest version cannot be read: see there)."""
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
-    if await asyncio.to_thread(state.refresh) is None:
+    if version is not None:
+        if not await asyncio.to_thread(state.refresh_to_read_older):
+            raise DatasetNotFoundError(uri)
+        return await AsyncTable(state).checkout(version)
+    if await asyncio.to_thread(state.refresh) is None and not missing_ok:
         raise DatasetNotFoundError(uri)
-    table = AsyncTable(state)
-    return await table.checkout(version) if version is not None else table
+    return AsyncTable(state)
 
 
 connect = open
+
+
+@checked
+async def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionInfo]:
+    """The async :func:`lancetx.history`."""
+    return await asyncio.to_thread(_sync_history, uri, storage_options)
 
 
 @checked
@@ -399,18 +487,51 @@ async def write_table(
     if mode == "create" and latest is not None:
         raise TableExistsError(uri, latest.version)
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     table = AsyncTable(state)
     # The table's own clients commit the write, and stay open for its next verbs.
     result = await run_verb_async(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,
             needs_table=False,
             on_exists="fail" if mode == "create" else "append",
         ),
+        await table._commit_handler(),
+    )
+    table.last_commit = result
+    return table
+
+
+@checked
+async def clone(
+    source: str,
+    target: str,
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    target_storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> AsyncTable:
+    """The async :func:`lancetx.clone`: the source version is read on a worker thread,
+    the clone's first version committed through the new table's own clients."""
+    state, plan = await asyncio.to_thread(
+        prepare_clone, source, target, version, storage_options, target_storage_options
+    )
+    table = AsyncTable(state)
+    result = await run_verb_async(
+        state,
+        plan,
+        _args(commit_message, properties, None, None),
+        clone_flags(),
         await table._commit_handler(),
     )
     table.last_commit = result
@@ -434,6 +555,7 @@ async def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """The async :func:`lancetx.commit_fragments`."""
     verb = fragments_verb(
@@ -450,6 +572,7 @@ async def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     state = await asyncio.to_thread(TableState.connect, uri, storage_options)
     return await run_verb_async(state, *verb)
@@ -475,9 +598,11 @@ preparing each table is pylance's synchronous work anyway, and the claim is one 
 
 __all__ = [
     "AsyncTable",
+    "clone",
     "commit_fragments",
     "commit_many",
     "connect",
+    "history",
     "open",
     "run_verb_async",
     "write_table",

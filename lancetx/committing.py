@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid as uuidlib
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,6 +39,7 @@ from lancetx.commit.engine.operations import (
     DataReplacement,
     Delete,
     Merge,
+    Rewrite,
     Transaction,
     Update,
 )
@@ -51,7 +53,7 @@ from lancetx.commit.errors import (
     RetryableConflictError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
-from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.commit.format.naming import DATA_DIR, INDICES_DIR, join
 from lancetx.commit.sansio import drive
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
@@ -116,7 +118,8 @@ class CommitArgs:
     ``idempotency_since``: versions up to this one cannot hold ``idempotency_key``
     (e.g. the table's version when a job with a fresh key started), so the look-up
     before the first attempt skips them. ``retry``: the commit loop's budget
-    (default: :class:`RetryPolicy`'s five minutes).
+    (default: :class:`RetryPolicy`'s five minutes). ``stable_row_ids``: a table this
+    commit creates gets stable row ids (see :class:`CommitOptions`).
     """
 
     commit_message: str | None = None
@@ -125,6 +128,7 @@ class CommitArgs:
     expected_version: int | None = None
     idempotency_since: int = 0
     retry: RetryPolicy | None = None
+    stable_row_ids: bool = False
 
     def __post_init__(self) -> None:
         check_idempotency_key(self.idempotency_key)
@@ -136,16 +140,23 @@ class CommitArgs:
             expected_version=self.expected_version,
             idempotency_key=self.idempotency_key,
             table_uri=table_uri,
+            stable_row_ids=self.stable_row_ids,
         )
         return options if self.retry is None else dataclasses.replace(options, retry=self.retry)
 
 
 @dataclass
 class PlanContext:
-    """The version a plan reads, and pylance opened at it."""
+    """The version a plan reads, and pylance opened at it.
+
+    ``meanwhile``: a version the plan committed itself before returning its
+    transaction (a compaction's ReserveFragments): the commit starts from it, checking
+    every version since ``parent`` as usual, instead of losing a round to it.
+    """
 
     state: TableState
     parent: Parent | None
+    meanwhile: Parent | None = None
 
     @property
     def uri(self) -> str:
@@ -211,11 +222,32 @@ def _transaction_fragments(txn: Transaction) -> Iterable[table_pb2.DataFragment]
 
 
 def objects_of(base: str, txn: Transaction) -> set[str]:
-    """Data and deletion files a transaction refers to."""
+    """Data and deletion files a transaction refers to, and the index files a
+    compaction's remapped indices (and fragment reuse index) consist of."""
     out: set[str] = set()
     for fragment in _transaction_fragments(txn):
         out |= _fragment_objects(base, fragment)
+    if isinstance(txn.operation, Rewrite):
+        out |= rewrite_index_objects(base, txn.operation)
     return out
+
+
+def rewrite_index_objects(base: str, rewrite: Rewrite) -> set[str]:
+    """Keys of the index files a Rewrite brings: its remapped indices' files and an
+    external fragment reuse index details file."""
+    keys = {
+        join(base, INDICES_DIR, str(uuidlib.UUID(bytes=bytes(item.new_id.uuid))), f.path)
+        for item in rewrite.rewritten_indices
+        for f in item.new_index_files
+    }
+    reuse = rewrite.frag_reuse_index
+    if reuse is not None and not reuse.HasField("base_id"):
+        details = table_pb2.FragmentReuseIndexDetails()
+        details.ParseFromString(reuse.index_details.value)
+        if details.WhichOneof("content") == "external":
+            name = str(uuidlib.UUID(bytes=bytes(reuse.uuid.uuid)))
+            keys.add(join(base, INDICES_DIR, name, details.external.path))
+    return keys
 
 
 def new_objects(base: str, txn: Transaction, parent: Parent | None) -> set[str]:
@@ -442,13 +474,14 @@ def _one_round(
         # Creating is strict: if another writer created the table first, ours
         # must not replace its rows; it becomes an append (or fails) below.
         options = dataclasses.replace(options, expected_version=0)
+    ctx = PlanContext(state, parent)
     try:
-        txn = yield RunPlan(plan, PlanContext(state, parent))
+        txn = yield RunPlan(plan, ctx)
     except NothingToDo:
         return CommitResult(parent.version if parent else 0, attempts=0, plans=plans)
     wrote = frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
     try:
-        committed: Committed = yield Commit(txn, parent, options)
+        committed: Committed = yield Commit(txn, ctx.meanwhile or parent, options)
     except CommitStateUnknownError as unknown:
         # Our files may be referenced by a version that landed: kept, and said so.
         yield _release(state, txn, args, flags, wrote, unknown)

@@ -114,6 +114,16 @@ def to_index(uri: str, index: object) -> table_pb2.IndexMetadata:
     return meta
 
 
+def _base_path(b: Any) -> table_pb2.BasePath:
+    """A ``lance.DatasetBasePath`` as the BasePath the manifest stores (ids as given)."""
+    out = table_pb2.BasePath(
+        id=int(b.id), path=str(b.path), is_dataset_root=bool(b.is_dataset_root)
+    )
+    if b.name is not None:
+        out.name = str(b.name)
+    return out
+
+
 def _update_map(m: Any) -> ops.UpdateMap | None:
     if m is None:
         return None
@@ -134,14 +144,15 @@ def to_operation(uri: str, op: object) -> ops.Operation:
     if name == "Append":
         return ops.Append(fragments=to_fragments(uri, o.fragments))
     if name == "Overwrite":
-        if o.initial_bases:
-            raise UnsupportedInputError(uri, op, "initial_bases are not supported by lancetx")
         schema = o.new_schema
         arrow = schema if isinstance(schema, pa.Schema) else schema.to_pyarrow()
         fields = lance_schema_to_fields(uri, schema)
         metadata = {k.decode(): v for k, v in (arrow.metadata or {}).items()}
         return ops.Overwrite(
-            fragments=to_fragments(uri, o.fragments), schema=tuple(fields), schema_metadata=metadata
+            fragments=to_fragments(uri, o.fragments),
+            schema=tuple(fields),
+            schema_metadata=metadata,
+            initial_bases=tuple(_base_path(b) for b in o.initial_bases or ()),
         )
     if name == "Delete":
         return ops.Delete(

@@ -23,6 +23,7 @@ bracket this module)::
     │   ├── PylanceCommitsItselfError      a verb only pylance's own commit could do
     │   ├── ReadOnlyTableError             a write on a checkout() view
     │   ├── WriterClosedError              a streaming writer used after commit()/abort()
+    │   ├── IndexRemapError                compact() could not remap an index with pylance
     │   └── TagError                       Table.tags, or a version opened by tag (``tag``)
     │       ├── TagNotFoundError           no such tag (``existing`` lists them; also a LookupError)
     │       ├── TagExistsError             tags.create of a name already taken
@@ -64,7 +65,8 @@ bracket this module)::
     │   ├── FragmentFormatError            fragment metadata we cannot take
     │   ├── MixedNamingSchemesError        V1 and V2 manifest names in one _versions/
     │   ├── RowIdFormatError               a row-id sequence that does not decode
-    │   └── TagFileError                   a tag file that names no version
+    │   ├── TagFileError                   a tag file that names no version
+    │   └── BasePathError                  a base path (or a file's base id) we cannot follow
     ├── SchemaConversionError              [commit] an Arrow schema or field list we cannot convert
     ├── UnsupportedFeatureError            [commit] a feature flag we do not implement
     │   └── UnsupportedTransactionError    an operation we do not build
@@ -128,6 +130,7 @@ from lancetx.commit.engine.builder.errors import (
     UnsupportedTransactionError,
 )
 from lancetx.commit.errors import (
+    BasePathError,
     CommitConflictError,
     CommitError,
     CommitStateUnknownError,
@@ -329,20 +332,38 @@ class UnsupportedInputError(TableError, TypeError):
 
 
 class ForeignFragmentError(TableError):
-    """Fragments whose data files are not under this table's data directory.
+    """Fragments whose data files are not under this table's data directory, nor under
+    a base path the table registers (``bases``), or do not exist there.
 
     Committing them would publish rows whose files live elsewhere (another table,
     a typo'd URI) and can vanish with that place. Nothing was written.
     """
 
-    def __init__(self, uri: str, data_dir: str, files: Sequence[str]) -> None:
+    def __init__(
+        self,
+        uri: str,
+        data_dir: str,
+        files: Sequence[str],
+        bases: Sequence[str] = (),
+        reasons: Mapping[str, str] | None = None,
+    ) -> None:
         self.files = list(files)
-        shown = ", ".join(files[:5]) + (" …" if len(files) > 5 else "")
+        self.bases = list(bases)
+        why = reasons or {}
+        shown = ", ".join(f"{f} ({why[f]})" if f in why else f for f in files[:5]) + (
+            " …" if len(files) > 5 else ""
+        )
+        registered = (
+            f" nor under a base path it registers ({'; '.join(bases)})"
+            if bases
+            else " (it registers no other base path)"
+        )
         super().__init__(
             uri,
-            f"data file(s) {shown} are not in this table's data directory {data_dir}; "
-            "write fragments with lance.fragment.write_fragments(data, <this table's data "
-            "URI>) (Table.data_uri) and commit those",
+            f"data file(s) {shown} are not in this table's data directory {data_dir}"
+            f"{registered}; write fragments with lance.fragment.write_fragments(data, "
+            "<this table's data URI>) (Table.data_uri), or with target_bases=[...] for a "
+            "registered base, and commit those",
         )
 
 
@@ -383,6 +404,24 @@ class WriterClosedError(TableError):
     def __init__(self, uri: str, state: str) -> None:
         self.state = state
         super().__init__(uri, f"this writer is already {state}; open a new one with Table.writer()")
+
+
+class IndexRemapError(TableError):
+    """``compact()`` asked pylance to remap the table's indices (its
+    ``Compaction.commit``, run on a scratch copy) and got back something else than
+    it needs: fragment ids other than the ones reserved, or no Rewrite. Nothing was
+    committed but the reservation of fragment ids; the compaction's files were
+    removed. Compact with ``{"defer_index_remap": True}``, or rebuild the indices
+    afterwards with ``create_index(..., replace=True)``."""
+
+    def __init__(self, uri: str, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            uri,
+            f"could not remap the indices for the compaction: {problem}; nothing but a "
+            'reservation of fragment ids was committed: compact with {"defer_index_remap": '
+            "True}, or rebuild the indices with create_index(..., replace=True)",
+        )
 
 
 class TagError(TableError):
@@ -628,6 +667,7 @@ __all__ = [
     "AmbiguousWriteError",
     "ArgumentTypeError",
     "BadEntryError",
+    "BasePathError",
     "BatchEntryExistsError",
     "ColumnMismatchError",
     "CommitConflictError",
@@ -652,6 +692,7 @@ __all__ = [
     "IamPolicyError",
     "IdempotencyKeyCollisionError",
     "IncompatibleConflictError",
+    "IndexRemapError",
     "InvalidCommitError",
     "InvalidConfigError",
     "InvalidIdempotencyKeyError",

@@ -14,7 +14,7 @@ Two sources, in this order:
    the others are read once per process (the commit loop's transaction cache,
    :data:`~lancetx.commit.engine.txn_cache.TRANSACTIONS`, which also holds every
    version a commit loop of the process loaded). A version ``cleanup`` removed is
-   skipped (:func:`lancetx.history.map_versions`): on a table without key items its
+   skipped (:func:`lancetx.version_history.map_versions`): on a table without key items its
    key is forgotten with it.
 
 The look-up is the fast path only. What makes a key land at most once under
@@ -33,7 +33,7 @@ from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.transaction_file import read_transaction_of
 from lancetx.commit.handlers.interface import CommitHandler
-from lancetx.history import map_versions
+from lancetx.version_history import map_versions
 
 __all__ = ["READ_PARALLELISM", "find_committed_key"]
 

@@ -10,6 +10,7 @@ talks to the version store.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,10 +18,11 @@ from typing import TYPE_CHECKING
 
 from lancetx.commit.engine.loading import Parent
 from lancetx.commit.engine.parents import load_parent
-from lancetx.commit.errors import DatasetNotFoundError, VersionNotFoundError
+from lancetx.commit.errors import DatasetNotFoundError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
 from lancetx.externalstore.connect import TableConnection, connect
+from lancetx.externalstore.errors import BadEntryError, ManifestMissingError, repair_command
 
 # Opening a table loads neither pyarrow nor the commit engine (the front door's
 # ``open`` is what every CLI call and Spark task pays): see ``tests/test_import_cost.py``.
@@ -29,7 +31,40 @@ if TYPE_CHECKING:
     from lance import LanceDataset
 
     from lancetx.commit.engine.committer import Committed
-    from lancetx.history import VersionInfo
+    from lancetx.version_history import VersionInfo
+
+log = logging.getLogger(__name__)
+
+#: What resolving the latest version raises when its item points at a manifest that
+#: is gone (wedged, deleted) or cannot be trusted (corrupt, another version's or
+#: size): the newest version is broken, the versions before it are not.
+BROKEN_HEAD_ERRORS: tuple[type[ManifestMissingError | BadEntryError], ...] = (
+    ManifestMissingError,
+    BadEntryError,
+)
+
+_reported_heads: set[tuple[str, int]] = set()
+_reported_lock = threading.Lock()
+
+
+def report_broken_head(uri: str, error: ManifestMissingError | BadEntryError) -> None:
+    """Say once per process and broken version (a warning on this module's logger)
+    that the newest version of ``uri`` cannot be read while an older one is read,
+    naming the version and the command that repairs it."""
+    with _reported_lock:
+        if (uri, error.version) in _reported_heads:
+            return
+        _reported_heads.add((uri, error.version))
+    log.warning(
+        "the latest version (%d) of %s cannot be read (%s: %s); older versions are read as "
+        "usual, and nothing can be committed until it is repaired: %s",
+        error.version,
+        uri,
+        type(error).__name__,
+        error,
+        getattr(error, "repair_command", None) or repair_command(uri, error.version),
+    )
+
 
 #: Storage options that configure lancetx only; pylance must not see them.
 _LANCETX_ONLY_PREFIXES = ("lancetx_",)
@@ -68,6 +103,9 @@ class TableState:
     #: Versions already read for history (a committed version never changes), so
     #: history only reads versions it has not seen.
     _infos: dict[int, VersionInfo] = field(default_factory=dict, repr=False)
+    #: The newest version, when it could not be read the last time it was resolved
+    #: (see :meth:`refresh_to_read_older`); the versions before it are readable.
+    broken_head: int | None = None
 
     @classmethod
     def connect(cls, uri: str, storage_options: Mapping[str, str] | None) -> TableState:
@@ -87,7 +125,20 @@ class TableState:
         of its manifest unless it is the version already held."""
         latest = load_parent(self.conn.handler, self.conn.base, held=self.parent)
         self.remember(latest)
+        self.broken_head = None
         return latest
+
+    def refresh_to_read_older(self) -> bool:
+        """Resolve the latest version before reading an older one: whether the table
+        has any version. A latest version that cannot be read (wedged, its manifest
+        missing or corrupt) does not stop the read: it is reported once
+        (:func:`report_broken_head`) and remembered in :attr:`broken_head`."""
+        try:
+            return self.refresh() is not None
+        except BROKEN_HEAD_ERRORS as exc:
+            report_broken_head(self.uri, exc)
+            self.broken_head = exc.version
+            return True
 
     def remember(self, parent: Parent | Committed | None) -> None:
         """Record a version as the newest known (ignoring an older one)."""
@@ -102,7 +153,7 @@ class TableState:
     def history(self, until: int | None = None) -> list[VersionInfo]:
         """Every version up to ``until`` (default: latest), oldest first. A committed
         version never changes, so each is read once per process (in parallel)."""
-        from lancetx.history import load_versions
+        from lancetx.version_history import load_versions
 
         handler, base = self.conn.handler, self.conn.base
         locations = handler.list_versions(base, 0)
@@ -110,7 +161,7 @@ class TableState:
             locations = [loc for loc in locations if loc.version <= until]
         with self._lock:
             missing = [loc for loc in locations if loc.version not in self._infos]
-        loaded = load_versions(handler, base, missing)
+        loaded = load_versions(handler, base, missing, known=locations)
         with self._lock:
             self._infos.update((info.version, info) for info in loaded)
             # Versions a cleanup removed were left out by load_versions.
@@ -120,20 +171,20 @@ class TableState:
         """Versions ``since+1 .. until`` (default: latest listed), newest first, read in
         parallel batches as the caller goes on (stop early, and older versions are never
         read); each version is read at most once per process."""
-        from lancetx.history import HISTORY_PARALLELISM, load_versions
+        from lancetx.version_history import HISTORY_PARALLELISM, load_versions
 
         handler, base = self.conn.handler, self.conn.base
+        # From ``since`` itself: what the oldest one changed is measured against it.
+        listed = handler.list_versions(base, max(since - 1, 0))
         locations = [
-            loc
-            for loc in handler.list_versions(base, since)
-            if loc.version > since and (until is None or loc.version <= until)
+            loc for loc in listed if loc.version > since and (until is None or loc.version <= until)
         ]
         locations.sort(key=lambda loc: loc.version, reverse=True)
         for start in range(0, len(locations), HISTORY_PARALLELISM):
             batch = locations[start : start + HISTORY_PARALLELISM]
             with self._lock:
                 missing = [loc for loc in batch if loc.version not in self._infos]
-            loaded = load_versions(handler, base, missing)
+            loaded = load_versions(handler, base, missing, known=listed)
             with self._lock:
                 self._infos.update((info.version, info) for info in loaded)
                 found = [self._infos[loc.version] for loc in batch if loc.version in self._infos]
@@ -161,12 +212,19 @@ class TableState:
         try:
             found = load_parent(self.conn.handler, self.conn.base, version)
         except VersionNotFoundError:
-            existing = [loc.version for loc in self.conn.handler.list_versions(self.conn.base, 0)]
+            raise VersionNotFoundError(self.uri, version, self._nearest(version)) from None
+        except ObjectNotFoundError:
+            # The handler says "not found" only for a manifest known to be gone (a
+            # cleanup removed it; a missing one it reports as such).
             raise VersionNotFoundError(
-                self.uri, version, nearest_versions(existing, version)
+                self.uri, version, f"a cleanup removed it; {self._nearest(version)}"
             ) from None
         assert found is not None
         return found
+
+    def _nearest(self, version: int) -> str:
+        locations = self.conn.handler.list_versions(self.conn.base, 0)
+        return nearest_versions([loc.version for loc in locations if not loc.removed], version)
 
     def dataset(self, version: int, manifest: ManifestFile | None = None) -> LanceDataset:
         """pylance's dataset at ``version`` (opened once per version, sharing one session).
@@ -232,4 +290,10 @@ class TableState:
         return pylance_options(self.conn.storage_options) or None
 
 
-__all__ = ["TableState", "nearest_versions", "pylance_options"]
+__all__ = [
+    "BROKEN_HEAD_ERRORS",
+    "TableState",
+    "nearest_versions",
+    "pylance_options",
+    "report_broken_head",
+]

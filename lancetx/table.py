@@ -8,6 +8,7 @@ it last committed or opened, without pylance resolving "latest" on its own.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
     from lance import LanceDataset
 
     from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags
-    from lancetx.history import VersionInfo
     from lancetx.tags import Tags
+    from lancetx.verbs.cloning import ClonePlan
+    from lancetx.version_history import VersionInfo
     from lancetx.writer import TableWriter
 
 R = TypeVar("R")
@@ -247,12 +249,23 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Rewrite small fragments (and fragments with many deleted rows) into fewer
-        ones: pylance's compaction plan and tasks, one Rewrite committed by lancetx.
-        Returns the current version unchanged when nothing needs compaction."""
+        ones: pylance's compaction plan and tasks (``options``: pylance's
+        ``CompactionOptions``), one Rewrite committed by lancetx. Returns the current
+        version unchanged when nothing needs compaction.
+
+        Indices keep covering every row, as with pylance's ``compact_files``: vector
+        indices over the rewritten fragments are remapped in the same Rewrite (their
+        files rewritten by pylance so they point into the new fragments; the new
+        fragments' ids are reserved first, which is a version of its own), scalar
+        indices get a segment over the new fragments in a second version. With
+        ``{"defer_index_remap": True}`` indices are left as they are and the Rewrite
+        adds a version to the fragment reuse index, through which readers use them
+        (remap later with ``create_index(..., replace=True)``). On a table with stable
+        row ids nothing needs remapping."""
         from lancetx.verbs.maintenance import plan_compact
 
         return self._run(
-            plan_compact(options or {}),
+            plan_compact(options or {}, strict=expected_version is not None),
             _args(commit_message, properties, idempotency_key, expected_version),
             _flags(replannable=True),
         )
@@ -379,7 +392,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Commit a transaction planned elsewhere: a lancetx Transaction / operation, or a
         pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
-        refused naming their type). Fragments must be in this table's data directory."""
+        refused naming their type). Fragments must be in this table's data directory or
+        under a base path it registers (ForeignFragmentError)."""
         from lancetx.convert import to_transaction
         from lancetx.verbs.writing import check_in_data_dir
 
@@ -522,8 +536,9 @@ class Table(TableVerbs[int]):
 
     def history(self) -> list[VersionInfo]:
         """Every version up to :attr:`version`, oldest first, with operation, commit
-        message, properties, committer and rows (one GET per version, in parallel;
-        each read once per process). Empty for a table that does not exist yet."""
+        message, properties, committer, rows, fragments and the data bytes it holds,
+        added and removed (one GET per version, in parallel; each read once per
+        process). Empty for a table that does not exist yet."""
         if not self.exists:
             return []
         return self._state.history(until=self.version)
@@ -561,12 +576,15 @@ class Table(TableVerbs[int]):
         matched by path and their types must be the table's (new columns need
         ``merge_schema``). Raises SchemaConversionError for a column Lance cannot
         hold and ColumnMismatchError naming the first column that does not fit. Nulls
-        in non-nullable columns are checked at the commit (only then are they counted)."""
+        in non-nullable columns are checked at the commit (only then are they counted).
+        On a table with no version yet every column Lance can hold fits."""
         from lancetx.commit.format.schema import arrow_schema_to_fields
         from lancetx.verbs.field_ids import match_columns
 
-        fields = self._state.parent_at(self.version).manifest.manifest.fields
         ours = arrow_schema_to_fields(schema)[0]
+        if not self.exists:
+            return
+        fields = self._state.parent_at(self.version).manifest.manifest.fields
         match_columns(self.uri, ours, list(fields), merge_schema=merge_schema)
 
     def commit_fragments(
@@ -584,6 +602,7 @@ class Table(TableVerbs[int]):
         null_counts: Mapping[str, int] | None = None,
         idempotency_since: int = 0,
         commit_timeout: float | None = None,
+        enable_stable_row_ids: bool | None = None,
     ) -> CommitResult:
         """:func:`lancetx.commit_fragments` on this Table: the same commit, planned
         against the newest version this Table knows and through its connection (a
@@ -609,6 +628,7 @@ class Table(TableVerbs[int]):
             null_counts=null_counts,
             idempotency_since=idempotency_since,
             commit_timeout=commit_timeout,
+            enable_stable_row_ids=enable_stable_row_ids,
         )
         result = run_verb(self._state, *verb)
         self.last_commit = result
@@ -734,15 +754,35 @@ def open(
     ``missing_ok``: then the Table of a table that does not exist yet
     (:attr:`Table.exists` False, :attr:`Table.data_uri` known) is returned, which
     :meth:`Table.commit_fragments` creates. With ``version`` (a number or a tag's
-    name) returns a read-only view of that version."""
+    name) returns a read-only view of that version: also while the latest version
+    cannot be read (wedged, its manifest missing or corrupt), which is then logged
+    once as a warning naming it and the ``lancetx-sync repair`` command."""
     state = TableState.connect(uri, storage_options)
-    if state.refresh() is None and (not missing_ok or version is not None):
+    if version is not None:
+        if not state.refresh_to_read_older():
+            raise DatasetNotFoundError(uri)
+        return Table(state).checkout(version)
+    if state.refresh() is None and not missing_ok:
         raise DatasetNotFoundError(uri)
-    table = Table(state)
-    return table.checkout(version) if version is not None else table
+    return Table(state)
 
 
 connect = open
+
+
+@checked
+def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[VersionInfo]:
+    """Every version of the table at ``uri``, oldest first, as :meth:`Table.history`
+    reports them; ``[]`` where nothing was ever committed. While the latest version
+    cannot be read (wedged, its manifest missing or corrupt), the versions before it,
+    the broken one logged once as a warning naming it and the ``lancetx-sync repair``
+    command (as :func:`open` with ``version=`` does)."""
+    state = TableState.connect(uri, storage_options)
+    if not state.refresh_to_read_older():
+        return []
+    if state.broken_head is not None:
+        return state.history(until=state.broken_head - 1)
+    return state.history(until=state.require_parent().version)
 
 
 @checked
@@ -760,7 +800,13 @@ def write_table(
     **write_params: Any,
 ) -> Table:
     """Write ``data`` as a new table (``mode="create"``), or append to / overwrite the
-    table at ``uri`` (creating it if absent). Returns the Table at the committed version."""
+    table at ``uri`` (creating it if absent). Returns the Table at the committed version.
+
+    ``write_params`` go to ``lance.fragment.write_fragments`` (max_rows_per_file, …),
+    except ``enable_stable_row_ids=True``, which creates the table with stable row ids
+    as Lance does (row-id sequences per fragment, kept by every later verb; pylance's
+    ``_rowid`` reads them). It is chosen when a table is created: given for an
+    existing table, it must match what the table has (InvalidWriteParamError)."""
     if mode not in ("create", "append", "overwrite"):
         raise ValueError(f'mode must be "create", "append" or "overwrite", not {mode!r}')
     state = TableState.connect(uri, storage_options)
@@ -771,10 +817,15 @@ def write_table(
     from lancetx.verbs.writing import WritePlan
 
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
+    # Stable row ids are chosen by the commit that creates the table.
+    args = dataclasses.replace(
+        _args(commit_message, properties, idempotency_key, expected_version),
+        stable_row_ids=bool(plan.stable_row_ids),
+    )
     result = run_verb(
         state,
         plan,
-        _args(commit_message, properties, idempotency_key, expected_version),
+        args,
         VerbFlags(
             replannable=mode == "overwrite",
             reusable=True,
@@ -785,6 +836,71 @@ def write_table(
     table = Table(state)
     table.last_commit = result
     return table
+
+
+@checked
+def clone(
+    source: str,
+    target: str,
+    *,
+    version: int | str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    target_storage_options: Mapping[str, str] | None = None,
+    commit_message: str | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Shallow-clone ``version`` of the table at ``source`` (a number, a tag's name, or
+    None for the latest) into a new table at ``target``: Lance's Clone operation. The
+    clone's first version (version 1) has the source version's schema, rows, indices,
+    config and metadata, and reads the source's files where they are (the source is
+    registered as one of its base paths); nothing is copied. Writes to the clone go
+    to the clone's folder and never touch the source. pylance and LanceDB read it.
+
+    The source does not know about its clones: a cleanup of the source may remove
+    files a clone still reads, once no version the source keeps references them. Tag
+    the cloned version on the source (``table.tags.create("clone-base", version)``)
+    for as long as a clone lives; every cleanup keeps a tagged version's files.
+
+    ``target_storage_options`` default to ``storage_options`` (the clone reads the
+    source's files with its own options, as pylance does). Raises TableExistsError if
+    a table exists at ``target`` (also when another writer creates it meanwhile),
+    VersionNotFoundError / TagNotFoundError for an unknown ``version``,
+    InvalidUriError for a target inside the source's folder (or the reverse)."""
+    from lancetx.committing import run_verb
+
+    state, plan = prepare_clone(source, target, version, storage_options, target_storage_options)
+    result = run_verb(state, plan, _args(commit_message, properties, None, None), clone_flags())
+    table = Table(state)
+    table.last_commit = result
+    return table
+
+
+def clone_flags() -> VerbFlags:
+    """A clone creates its table (TableExistsError when it exists or appears meanwhile)
+    and writes no data file."""
+    from lancetx.committing import VerbFlags
+
+    return VerbFlags(reusable=True, needs_table=False, on_exists="fail", owns_data=False)
+
+
+def prepare_clone(
+    source: str,
+    target: str,
+    version: int | str | None,
+    storage_options: Mapping[str, str] | None,
+    target_storage_options: Mapping[str, str] | None,
+) -> tuple[TableState, ClonePlan]:
+    """The target's state and the plan of :func:`clone` (sync and async alike): the
+    source version is resolved and read now (blocking)."""
+    from lancetx.verbs.cloning import ClonePlan, check_apart, source_path
+
+    src = open(source, storage_options, version=version)
+    cloned = src._state.parent_at(src.version)
+    ref_path = source_path(src._state)
+    options = storage_options if target_storage_options is None else target_storage_options
+    state = TableState.connect(target, options)
+    check_apart(src._state, ref_path, state)
+    return state, ClonePlan(source, ref_path, cloned)
 
 
 @checked
@@ -804,11 +920,14 @@ def commit_fragments(
     null_counts: Mapping[str, int] | None = None,
     idempotency_since: int = 0,
     commit_timeout: float | None = None,
+    enable_stable_row_ids: bool | None = None,
 ) -> CommitResult:
     """Commit fragments written elsewhere (pylance ``FragmentMetadata``, their JSON, or
     ``DataFragment`` messages) as ONE Append or Overwrite. A table with no version is
     created; a creator that loses the race to another one appends instead. Every data
-    file must already be in the table's ``data/`` directory (ForeignFragmentError).
+    file must already be in the table's ``data/`` directory, or under a base path the
+    table registers (``write_fragments(..., target_bases=[...])``); else
+    ForeignFragmentError.
 
     Fragments written as a new dataset of ``schema`` (``write_fragments(uri,
     mode="overwrite")``, as writers that cannot open the table do) need
@@ -822,7 +941,9 @@ def commit_fragments(
     (``deduplicated``) instead of committing again; ``idempotency_since`` skips the
     versions known not to hold it. ``commit_timeout`` bounds how long lost races are
     retried (default 300 s); an unknown outcome is raised (CommitStateUnknownError):
-    call again with the same key to settle it."""
+    call again with the same key to settle it. ``enable_stable_row_ids=True`` creates
+    the table with stable row ids, as :func:`write_table` does (given for an existing
+    table, it must match what the table has)."""
     from lancetx.committing import run_verb
     from lancetx.verbs.writing import fragments_verb
 
@@ -840,6 +961,7 @@ def commit_fragments(
         null_counts=null_counts,
         idempotency_since=idempotency_since,
         commit_timeout=commit_timeout,
+        enable_stable_row_ids=enable_stable_row_ids,
     )
     return run_verb(TableState.connect(uri, storage_options), *verb)
 
@@ -847,6 +969,7 @@ def commit_fragments(
 __all__ = [
     "MergeInsertBuilder",
     "Table",
+    "clone",
     "commit_fragments",
     "connect",
     "open",

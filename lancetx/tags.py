@@ -256,7 +256,7 @@ class Tags:
                 return self._store.head(key)
             except ObjectNotFoundError:
                 continue
-        if version in removed_versions(self._store, base, [version]):
+        if location.removed or version in removed_versions(self._store, base, [version]):
             detail = removed
         else:
             detail = (

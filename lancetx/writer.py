@@ -56,7 +56,12 @@ from lancetx.data import check_append_schema
 from lancetx.errors import SchemaMismatchError, WriterClosedError
 from lancetx.protos import table_pb2
 from lancetx.state import TableState
-from lancetx.verbs.writing import check_write_params, fragment_files
+from lancetx.verbs.writing import (
+    check_stable_row_ids,
+    check_write_params,
+    fragment_files,
+    take_stable_row_ids,
+)
 
 if TYPE_CHECKING:
     from lance import LanceDataset
@@ -195,6 +200,11 @@ class TableWriter:
         self._table = table
         self._args = args
         self._params = dict(write_params)
+        # Appends to an existing table: it must have what is asked for.
+        self._stable_row_ids = take_stable_row_ids(self._params)
+        known = table._state.parent
+        if known is not None:  # refused before anything is written
+            check_stable_row_ids(table.uri, self._stable_row_ids, known.manifest.manifest)
         self._state = "open"
         self._schema: pa.Schema | None = None
         self._stream = _Stream()
@@ -297,7 +307,11 @@ class TableWriter:
         self._detach()
         fragments = self._stream.fragments
 
+        stable_row_ids = self._stable_row_ids
+
         def plan(ctx: PlanContext) -> Transaction:
+            if ctx.parent is not None:
+                check_stable_row_ids(ctx.uri, stable_row_ids, ctx.manifest)
             return Transaction(read_version=ctx.read_version, operation=Append(fragments=fragments))
 
         return plan

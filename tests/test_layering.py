@@ -403,7 +403,7 @@ def test_spark_uses_only_the_front_door_and_the_error_modules() -> None:
         ("def f():\n    from lancetx.state import TableState\n", False),
         ("from lancetx.externalstore.connect import connect", False),
         ("from lancetx.commit.engine.unreferenced import may_delete", False),
-        ("from lancetx import history", False),
+        ("from lancetx import version_history", False),
         ("import lancetx.table", False),
     ],
 )

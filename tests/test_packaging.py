@@ -173,21 +173,25 @@ def test_wheel_requires_aioboto3_only_for_the_async_extra(wheel: Path) -> None:
 # ------------------------------------------------------------- installed, no extras
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_install_keeps_a_newer_preinstalled_boto3(user_venv: UserVenv) -> None:
     installed = user_venv.version_of("boto3")
     assert installed is not None and installed.startswith("1.44."), installed
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_install_without_extras_brings_no_async_or_server_packages(user_venv: UserVenv) -> None:
     for package in ("aioboto3", "aiobotocore", "aiohttp", "moto", "grpcio-tools"):
         assert user_venv.version_of(package) is None, package
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_installed_package_reports_its_version(user_venv: UserVenv) -> None:
     out = _ok(_run([user_venv.python, "-c", "import lancetx; print(lancetx.__version__)"]))
     assert out.strip() == VERSION
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_installed_sync_api_commits_through_dynamodb(
     user_venv: UserVenv, aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
@@ -210,6 +214,7 @@ def test_installed_sync_api_commits_through_dynamodb(
     assert report["async_modules"] == [] and report["boto3"].startswith("1.44."), report
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_async_module_names_the_extra_when_missing(user_venv: UserVenv) -> None:
     proc = _run([user_venv.python, "-c", "import lancetx.commit.storage.s3store_async"])
     assert proc.returncode == 1
@@ -217,6 +222,7 @@ def test_async_module_names_the_extra_when_missing(user_venv: UserVenv) -> None:
     assert "MissingExtraError" in last and "pip install 'lancetx[async]'" in last, proc.stderr
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_demo_without_the_embedded_extra_prints_one_line_and_exits_2(user_venv: UserVenv) -> None:
     proc = _run([str(user_venv.path / "bin" / "lancetx-demo")])
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -228,6 +234,7 @@ def test_demo_without_the_embedded_extra_prints_one_line_and_exits_2(user_venv: 
 # ------------------------------------------------------------ with [embedded] added
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_demo_runs_with_the_embedded_extra(user_venv: UserVenv) -> None:
     user_venv.pip(f"{user_venv.wheel}[embedded]")
     assert (user_venv.version_of("boto3") or "").startswith("1.44.")
@@ -251,6 +258,7 @@ def test_demo_runs_with_the_embedded_extra(user_venv: UserVenv) -> None:
 # ------------------------------------------------------- the dev venv, imports blocked
 
 
+@pytest.mark.long_only  # builds a user's venv from the wheel: CI's long pass
 def test_sync_api_never_imports_the_async_packages(
     aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:

@@ -47,7 +47,7 @@ def _seeds() -> list[int]:
     if explicit:
         return [int(s) for s in explicit.split(",") if s.strip()]
     start = int(os.environ.get("LANCETX_HISTORY_START", "0"))
-    count = sized("LANCETX_HISTORIES", quick=60, long=1000)
+    count = sized("LANCETX_HISTORIES", quick=24, long=1000)
     return list(range(start, start + count))
 
 

@@ -103,6 +103,7 @@ from lancetx.commit.engine.loading import (
 from lancetx.commit.engine.operations import (
     COMMIT_MESSAGE_KEY,
     IDEMPOTENCY_KEY,
+    Clone,
     Restore,
     Rewrite,
     Transaction,
@@ -191,6 +192,12 @@ class CommitOptions:
     ``observer`` receives one :class:`~lancetx.commit.engine.events.CommitEvent`
     per attempt. ``table_uri`` is the URI to name the table by in logs and
     events (the one the user passed, e.g. ``s3+ddb://…``); default: the store's URI.
+
+    ``stable_row_ids`` (Lance's ``enable_stable_row_ids``, a setting of the commit,
+    not of the transaction) creates a new table with stable row ids: the commit
+    gives every fragment its row-id sequence and keeps ``next_row_id``. A table
+    keeps what it was created with; asking for them on an existing table without
+    them is refused (InvalidTransactionError), as Lance refuses it.
     """
 
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -202,6 +209,7 @@ class CommitOptions:
     idempotency_key: str | None = None
     observer: CommitObserver | None = None
     table_uri: str | None = None
+    stable_row_ids: bool = False
 
 
 @dataclass(frozen=True)
@@ -282,6 +290,7 @@ def commit_steps(
     )
     _validate(uri, ours, current, options)
     restore_source = yield from _restore_source(names, base, ours)
+    clone_source = _clone_source(uri, ours)
 
     # Versions committed between our read version and the parent we hold.
     pending: list[Loaded] = []
@@ -296,7 +305,9 @@ def commit_steps(
     if current is not None and ours.read_version > 0:
         fragments = yield from read_fragments(names, base, ours, current)
 
-    state = _Attempts(names, base, options, ours, current, pending, fragments, restore_source)
+    state = _Attempts(
+        names, base, options, ours, current, pending, fragments, restore_source, clone_source
+    )
     # ``state.written``: objects this commit wrote that no committed version
     # references yet: removed when the commit fails (or they were superseded by a
     # rebase), so a refused or conflicting transaction leaves nothing behind. Kept
@@ -374,6 +385,8 @@ class _Attempts:
     #: The fragments ours modifies, as they were at its read version.
     read_fragments: dict[int, table_pb2.DataFragment]
     restore_source: tuple[table_pb2.Manifest, list[table_pb2.IndexMetadata]] | None
+    #: A Clone's source version (manifest, indices), from the operation.
+    clone_source: tuple[table_pb2.Manifest, tuple[table_pb2.IndexMetadata, ...]] | None
     #: Objects this commit wrote that no committed version references yet.
     written: list[str] = field(default_factory=list)
     #: Our place in the table's commit queue, once we joined it.
@@ -597,6 +610,14 @@ def _build(state: _Attempts) -> Steps[_Built]:
         version=state.next_version,
         transaction_file=transaction_file_name(txn_pb),
         restore_source=state.restore_source,
+        clone_source=state.clone_source,
+        enable_stable_row_ids=state.options.stable_row_ids,
+        # Not in the protobuf (Lance does not serialize it either): handed over apart.
+        frag_reuse_index=(
+            state.ours.operation.frag_reuse_index
+            if isinstance(state.ours.operation, Rewrite)
+            else None
+        ),
     )
     state.txn_bytes = yield from _write_transaction(
         state.base, state.ours, state.txn_bytes, state.written, txn_pb
@@ -948,15 +969,6 @@ def _validate(uri: str, ours: Transaction, current: Parent | None, options: Comm
             f"the transaction read version {ours.read_version}, but the latest version is {latest}; "
             "it was planned against another table or a version that does not exist",
         )
-    if isinstance(ours.operation, Rewrite) and ours.operation.frag_reuse_index is not None:
-        # The builder works from the protobuf, which has no place for this index
-        # (Lance does not serialize it either): committing would drop it silently.
-        raise InvalidCommitError(
-            uri,
-            "the Rewrite carries a fragment reuse index (a compaction with deferred index "
-            "remap), which lancetx cannot commit yet; compact without defer_index_remap "
-            "(lancetx.Table.compact does), then rebuild or optimize the indices",
-        )
     if current is not None:
         check_writer_flags(current.manifest.manifest, current.location.key)
     if options.expected_version is not None and options.expected_version != latest:
@@ -972,6 +984,22 @@ def _restore_source(
     source = yield from load_parent_steps(names, base, ours.operation.version)
     assert source is not None
     return source.manifest.manifest, list(source.manifest.indices or [])
+
+
+def _clone_source(
+    uri: str, ours: Transaction
+) -> tuple[table_pb2.Manifest, tuple[table_pb2.IndexMetadata, ...]] | None:
+    """A Clone's source version, which the caller loaded from the source table (it may
+    live in another store than this handler's)."""
+    if not isinstance(ours.operation, Clone):
+        return None
+    if ours.operation.source is None:
+        raise InvalidCommitError(
+            uri,
+            "a Clone needs the manifest of the version it clones (Clone.source); "
+            "clone a table with lancetx.clone(source_uri, target_uri, version=...)",
+        )
+    return ours.operation.source
 
 
 def _summary(ours: Transaction) -> TransactionSummary:

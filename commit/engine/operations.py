@@ -696,6 +696,12 @@ class Clone(Operation):
     ref_version: int = 0
     ref_path: str = ""
     branch_name: str | None = None
+    #: The cloned version's manifest and indices (of the source table), which the
+    #: manifest builder copies; not part of the protobuf (the transaction names the
+    #: source by ``ref_path`` and ``ref_version``). :func:`lancetx.clone` sets it.
+    source: tuple[table_pb2.Manifest, tuple[IndexMetadata, ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def _fill(self, msg: _T.Clone) -> None:
         msg.is_shallow = self.is_shallow

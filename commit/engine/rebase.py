@@ -26,13 +26,14 @@ sides' changes, replacing the index that is current now.
 
 Not implemented, and surfacing as a retryable conflict with that reason:
 merging MemWAL index details, and a Rewrite carrying its own fragment reuse
-index (lancetx does not commit those).
+index (a compaction that defers index remapping is planned again instead).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from pyroaring import BitMap
 
@@ -56,12 +57,12 @@ from lancetx.commit.engine.operations import (
     Transaction,
     Update,
 )
-from lancetx.commit.errors import RetryableConflictError
+from lancetx.commit.errors import BasePathError, RetryableConflictError
 from lancetx.commit.format.deletion import (
-    check_deletion_base,
     decode_deletion_vector,
     deletion_file_key,
     encode_deletion_vector,
+    locate_deletion_file,
 )
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
@@ -144,8 +145,7 @@ def rebase_steps(
     latest_by_id = {f.id: f for f in latest.fragments}
     try:
         updated, emptied = yield from _merge(
-            store_names,
-            base,
+            _Where(store_names, base, tuple(latest.base_paths)),
             op.updated_fragments,
             fragment_ids,
             read_fragments,
@@ -190,7 +190,7 @@ def _unsupported_index_merges(
     op = ours.operation
     if not isinstance(op, CreateIndex) or op.frag_reuse_index is None:
         why = (
-            "a rewrite's fragment reuse index is not committed by lancetx"
+            "a rewrite carrying a fragment reuse index is planned again, not rebased"
             if isinstance(op, Rewrite)
             else "only fragment reuse index details are merged"
         )
@@ -237,9 +237,18 @@ def _merge_frag_reuse_index(
     return dataclasses.replace(ours, operation=rebased, read_version=latest_version)
 
 
+@dataclass(frozen=True)
+class _Where:
+    """The table's store and base key, and its base paths (deletion files a clone
+    reads from its source live under one)."""
+
+    names: Names
+    base: str
+    bases: tuple[table_pb2.BasePath, ...]
+
+
 def _merge(
-    names: Names,
-    base: str,
+    where: _Where,
     ours: Sequence[DataFragment],
     fragment_ids: frozenset[int],
     read_fragments: Mapping[int, DataFragment],
@@ -258,10 +267,10 @@ def _merge(
         if current is None:
             raise _Overlap(f"fragment {fragment.id} was removed by the committed transaction")
         _require_only_deletions(fragment, read_fragments.get(fragment.id), current)
-        before = yield from _vector(names, base, read_fragments.get(fragment.id))
-        mine = yield from _vector(names, base, fragment)
+        before = yield from _vector(where, read_fragments.get(fragment.id))
+        mine = yield from _vector(where, fragment)
         affected = mine - before
-        theirs = yield from _vector(names, base, current)
+        theirs = yield from _vector(where, current)
         both = theirs & affected
         if both:
             sample = ", ".join(str(r) for r in list(both)[:5])
@@ -289,7 +298,7 @@ def _merge(
     _check_keeps_data_files(ours, updated, emptied, baseline)
     for rebased, merged in to_write:
         deletion_file, data = encode_deletion_vector(latest_version, merged)
-        yield PutObject(deletion_file_key(base, rebased.id, deletion_file), data)
+        yield PutObject(deletion_file_key(where.base, rebased.id, deletion_file), data)
         rebased.deletion_file.CopyFrom(deletion_file)
     return tuple(updated), tuple(emptied)
 
@@ -346,10 +355,23 @@ def _check_keeps_data_files(
             )
 
 
-def _vector(names: Names, base: str, fragment: DataFragment | None) -> Steps[BitMap]:
+def _vector(where: _Where, fragment: DataFragment | None) -> Steps[BitMap]:
     if fragment is None or not fragment.HasField("deletion_file"):
         return BitMap()
-    key = deletion_file_key(base, fragment.id, fragment.deletion_file)
-    check_deletion_base(names.uri(key), fragment.deletion_file)
-    data: bytes = yield GetObject(key)
-    return decode_deletion_vector(data, fragment.deletion_file, path=names.uri(key))
+    try:
+        location = locate_deletion_file(
+            where.names, where.base, fragment.id, fragment.deletion_file, where.bases
+        )
+    except BasePathError as exc:
+        raise _Overlap(
+            f"the deletion file of fragment {fragment.id} cannot be read: {exc}"
+        ) from None
+    if location.key is None:
+        # Under a base in another bucket (a clone's source): planned again, ours reads
+        # the latest version, whose deletion file of this fragment is the table's own.
+        raise _Overlap(
+            f"the deletion file of fragment {fragment.id} is {location.uri}, outside the "
+            "table's store, which a rebase does not read"
+        )
+    data: bytes = yield GetObject(location.key)
+    return decode_deletion_vector(data, fragment.deletion_file, path=location.uri)

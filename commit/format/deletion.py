@@ -18,13 +18,16 @@ Lance picks a bitmap once a fragment has more than 5,000 deleted rows
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyroaring import BitMap
 
-from lancetx.commit.errors import DeletionFileError, UnsupportedFeatureError
+from lancetx.commit.errors import BasePathError, DeletionFileError, UnsupportedFeatureError
 from lancetx.commit.format import naming
+from lancetx.commit.format.bases import UriNames, deletion_dir_key, key_in, parse_base
 from lancetx.commit.format.manifest import FLAG_BASE_PATHS
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
@@ -129,16 +132,43 @@ def decode_bitmap_deletions(data: bytes, *, path: str) -> BitMap:
         ) from None
 
 
-def check_deletion_base(uri: str, deletion_file: table_pb2.DeletionFile) -> None:
-    """Refuse a deletion file stored under another base path (``base_id``), which
-    lancetx does not resolve yet: UnsupportedFeatureError naming ``uri``."""
-    if deletion_file.HasField("base_id"):
-        raise UnsupportedFeatureError(
-            uri,
-            "reader",
-            FLAG_BASE_PATHS,
-            [f"base_paths (deletion file stored under base path id {deletion_file.base_id})"],
+@dataclass(frozen=True)
+class DeletionLocation:
+    """Where a deletion file is: its key in the table's store (None when it lives in
+    another store: another bucket, another kind of store) and its full URI."""
+
+    key: str | None
+    uri: str
+
+
+def locate_deletion_file(
+    store: UriNames,
+    base: str,
+    fragment_id: int,
+    deletion_file: table_pb2.DeletionFile,
+    bases: Iterable[table_pb2.BasePath] = (),
+) -> DeletionLocation:
+    """Where the deletion file of fragment ``fragment_id`` is: in the table's own
+    ``_deletions/`` (at ``base`` of ``store``), or under the base path its
+    ``base_id`` names among ``bases`` (the manifest's; a shallow clone reads the
+    source's deletion files there). BasePathError for an id not among ``bases``,
+    a base that is not a dataset root, or one that cannot be followed."""
+    if not deletion_file.HasField("base_id"):
+        key = deletion_file_key(base, fragment_id, deletion_file)
+        return DeletionLocation(key, store.uri(key))
+    roots = {b.id: b for b in bases}
+    found = roots.get(deletion_file.base_id)
+    if found is None:
+        raise BasePathError(
+            store.uri(base),
+            f"the deletion file of fragment {fragment_id} is stored under base path id "
+            f"{deletion_file.base_id}, which the manifest does not register "
+            f"(registered ids: {', '.join(str(i) for i in sorted(roots)) or 'none'})",
         )
+    root = parse_base(found)
+    key = deletion_file_key(deletion_dir_key(root), fragment_id, deletion_file)
+    own = key_in(store, root, key)
+    return DeletionLocation(own, store.uri(own) if own is not None else root.object_uri(key))
 
 
 def decode_deletion_vector(
@@ -175,17 +205,36 @@ def encode_deletion_vector(
 
 
 def read_deletion_vector(
-    store: ObjectStore, base: str, fragment_id: int, deletion_file: table_pb2.DeletionFile
+    store: ObjectStore,
+    base: str,
+    fragment_id: int,
+    deletion_file: table_pb2.DeletionFile,
+    bases: Iterable[table_pb2.BasePath] = (),
 ) -> BitMap:
-    """The deleted row offsets of fragment ``fragment_id``.
+    """The deleted row offsets of fragment ``fragment_id`` (``bases``: the manifest's
+    base paths, for a deletion file stored under one).
 
     Raises ObjectNotFoundError if the file is absent, DeletionFileError if its
-    content does not match its type, UnsupportedFeatureError if it lives under
-    another base path (``base_id``), which lancetx does not resolve yet.
+    content does not match its type, BasePathError for a base that cannot be
+    followed (see :func:`locate_deletion_file`), and UnsupportedFeatureError for
+    one outside ``store`` (another bucket: read it through a store of its own).
     """
-    key = deletion_file_key(base, fragment_id, deletion_file)
-    check_deletion_base(store.uri(key), deletion_file)
-    return decode_deletion_vector(store.get(key), deletion_file, path=store.uri(key))
+    location = locate_deletion_file(store, base, fragment_id, deletion_file, bases)
+    if location.key is None:
+        raise outside_store_error(location)
+    return decode_deletion_vector(store.get(location.key), deletion_file, path=location.uri)
+
+
+def outside_store_error(location: DeletionLocation) -> UnsupportedFeatureError:
+    """A deletion file this store cannot read (it lives in another bucket or store)."""
+    return UnsupportedFeatureError(
+        location.uri,
+        "reader",
+        FLAG_BASE_PATHS,
+        [
+            "base_paths (a deletion file under a base path in another bucket or store than the table's)"
+        ],
+    )
 
 
 def write_deletion_vector(
@@ -210,7 +259,7 @@ def write_deletion_vector(
 
 __all__ = [
     "BITMAP_THRESHOLD",
-    "check_deletion_base",
+    "DeletionLocation",
     "choose_file_type",
     "decode_arrow_deletions",
     "decode_bitmap_deletions",
@@ -218,6 +267,8 @@ __all__ = [
     "deletion_file_key",
     "encode_arrow_deletions",
     "encode_deletion_vector",
+    "locate_deletion_file",
+    "outside_store_error",
     "read_deletion_vector",
     "write_deletion_vector",
 ]

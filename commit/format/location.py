@@ -43,6 +43,11 @@ class ManifestLocation:
 
     ``summary`` is the version's transaction in brief, when the store that
     located it holds one (entries claimed by lancetx do; pylance's do not).
+
+    ``removed`` says the store that located it knows a cleanup removed this
+    version's manifest on purpose (an external store's item marked so): a reader
+    that does not find the manifest skips the version instead of reporting it
+    missing.
     """
 
     version: int
@@ -52,3 +57,4 @@ class ManifestLocation:
     etag: str | None = None
     alternate_key: str | None = None
     summary: TransactionSummary | None = field(default=None, compare=False)
+    removed: bool = field(default=False, compare=False)

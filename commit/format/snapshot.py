@@ -144,7 +144,13 @@ class Snapshot:
             return cached
         fragment = self.fragment(fragment_id)
         if fragment.HasField("deletion_file"):
-            rows = read_deletion_vector(self.store, self.base, fragment_id, fragment.deletion_file)
+            rows = read_deletion_vector(
+                self.store,
+                self.base,
+                fragment_id,
+                fragment.deletion_file,
+                self.manifest.base_paths,
+            )
         else:
             rows = BitMap()
         self._deletions[fragment_id] = rows

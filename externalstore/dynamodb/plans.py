@@ -91,6 +91,8 @@ TXN_UUID = "txn_uuid"
 TXN_IDEMPOTENCY_KEY = "txn_idempotency_key"
 QUEUE_TICKET = "queue_ticket"
 CLAIMED_AT = "claimed_at"
+#: Set by a cleanup on the item of a version whose manifest it removed (epoch ms).
+REMOVED_AT = "removed_at"
 #: Key items' own attributes.
 IDEMPOTENCY_KEY = "idempotency_key"
 CLAIMED_VERSION = "claimed_version"
@@ -173,6 +175,8 @@ def item_from_entry(entry: ManifestEntry, committer: str) -> dict[str, Any]:
             item[QUEUE_TICKET] = {"N": str(int(entry.summary.ticket))}
         if entry.summary.claimed_at is not None:
             item[CLAIMED_AT] = {"N": str(int(entry.summary.claimed_at * 1000))}
+    if entry.removed_at is not None:
+        item[REMOVED_AT] = {"N": str(entry.removed_at)}
     return item
 
 
@@ -195,6 +199,17 @@ def _summary(
         else None
     )
     return TransactionSummary(operation, uuid, key or None, ticket=turn, claimed_at=at)
+
+
+def _removed_at(raw: str | None) -> int | None:
+    # Any number counts as the mark (its value only dates the removal): an item a
+    # tool rewrote with a fraction is still a removed version's.
+    if raw is None:
+        return None
+    try:
+        return max(0, int(float(raw)))
+    except (ValueError, OverflowError):
+        return 0
 
 
 def entry_from_item(
@@ -239,6 +254,7 @@ def entry_from_item(
                 raw_number(QUEUE_TICKET),
                 raw_number(CLAIMED_AT),
             ),
+            removed_at=_removed_at(raw_number(REMOVED_AT)),
         )
     except ValueError as exc:
         raise MalformedEntryError(

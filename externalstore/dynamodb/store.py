@@ -49,7 +49,12 @@ from lancetx.externalstore.dynamodb.plans import (
     validate_plan,
 )
 from lancetx.externalstore.dynamodb.retry import DYNAMODB_RETRY, RetryPolicy
-from lancetx.externalstore.dynamodb.store_schema import check_stamp, check_stamp_with
+from lancetx.externalstore.dynamodb.store_schema import (
+    CURRENT_SCHEMA_VERSION,
+    check_stamp_with,
+    remember_stamp,
+    stamp_new_table_plan,
+)
 from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.errors import (
     AccessDeniedError,
@@ -129,11 +134,17 @@ def create_table(
     Waits for ACTIVE and validates the layout; safe when several processes
     race (the losers wait for the winner's table). Raises DynamoDBTableSchemaError if
     a table of that name exists with another layout.
+
+    Stamps the store's layout as ``lancetx-sync create-table`` does (an unstamped
+    table, new or found, is brought to this release's layout; one stamped by a newer
+    lancetx raises StoreSchemaTooNewError). With ``wait=False`` a table still
+    CREATING is not stamped: call again once it is ACTIVE.
     """
     ctx = RequestContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = run_plan(client, create_table_plan(ctx, wait=wait, timeout=timeout))
-    if info.status == "ACTIVE":  # it may be another lancetx's table: same check as opening
-        check_stamp(client, name)
+    if info.status in ("ACTIVE", "UPDATING"):
+        found = run_plan(client, stamp_new_table_plan(ctx))
+        remember_stamp(client, name, found if found is not None else CURRENT_SCHEMA_VERSION)
     remember_validation(ctx.target, info)
     return info
 

@@ -58,7 +58,12 @@ from lancetx.externalstore.dynamodb.plans import (
 )
 from lancetx.externalstore.dynamodb.retry import DYNAMODB_RETRY, RetryPolicy
 from lancetx.externalstore.dynamodb.store import cached_validation, remember_validation
-from lancetx.externalstore.dynamodb.store_schema import check_stamp_async
+from lancetx.externalstore.dynamodb.store_schema import (
+    CURRENT_SCHEMA_VERSION,
+    check_stamp_async,
+    remember_stamp,
+    stamp_new_table_plan,
+)
 from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 from lancetx.externalstore.errors import DynamoDBTarget
 
@@ -143,9 +148,13 @@ async def create_table_async(
     timeout: float = 120.0,
     retry: RetryPolicy | None = None,
 ) -> TableInfo:
-    """Async :func:`lancetx.externalstore.dynamodb.store.create_table`."""
+    """Async :func:`lancetx.externalstore.dynamodb.store.create_table` (stamps the
+    store's layout alike)."""
     ctx = RequestContext(target_of(client, name), retry=retry or DYNAMODB_RETRY)
     info = await run_plan_async(client, create_table_plan(ctx, wait=wait, timeout=timeout))
+    if info.status in ("ACTIVE", "UPDATING"):
+        found = await run_plan_async(client, stamp_new_table_plan(ctx))
+        remember_stamp(client, name, found if found is not None else CURRENT_SCHEMA_VERSION)
     remember_validation(ctx.target, info)
     return info
 

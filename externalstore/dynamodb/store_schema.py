@@ -15,18 +15,22 @@ idempotent steps from one layout to the next, one ``match`` arm each.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
 from lancetx.externalstore.dynamodb.config import target_of
 from lancetx.externalstore.dynamodb.drivers import run_plan, run_plan_async
-from lancetx.externalstore.dynamodb.plans import ApiCall, RequestContext, Requests, call_plan
-from lancetx.externalstore.errors import CONDITION_FAILED_CODE, StoreSchemaTooNewError
+from lancetx.externalstore.dynamodb.plans import (
+    ApiCall,
+    RequestContext,
+    Requests,
+    _ConditionFailed,
+    call_plan,
+)
+from lancetx.externalstore.errors import StoreSchemaTooNewError
 
 #: The reserved item's hash key.
 STAMP_BASE_URI = "__lancetx_schema__"
@@ -64,26 +68,44 @@ def read_stamp(client: Any, table: str) -> int | None:
     return run_plan(client, read_stamp_plan(RequestContext(target_of(client, table))))
 
 
+def write_stamp_plan(ctx: RequestContext, schema_version: int) -> Requests[None]:
+    """Stamp the table with ``schema_version`` (one conditional PutItem, as a plan for
+    either driver); never lowers an existing stamp."""
+    params = {
+        "TableName": ctx.table,
+        "Item": {
+            **stamp_key(),
+            # pylance never reads this item, but a path keeps item parsers
+            # (ours included) from calling it malformed.
+            "path": {"S": STAMP_BASE_URI},
+            SCHEMA_ATTRIBUTE: {"N": str(schema_version)},
+        },
+        "ConditionExpression": "attribute_not_exists(#s) OR #s <= :v",
+        "ExpressionAttributeNames": {"#s": SCHEMA_ATTRIBUTE},
+        "ExpressionAttributeValues": {":v": {"N": str(schema_version)}},
+    }
+    # Idempotent, so retried like a read; a failed condition means it was stamped
+    # newer meanwhile: never lower it.
+    with contextlib.suppress(_ConditionFailed):
+        yield from call_plan(ctx, ApiCall("PutItem", params), write=True)
+    return None
+
+
 def write_stamp(client: Any, table: str, schema_version: int) -> None:
     """Stamp ``table`` with ``schema_version``; never lowers an existing stamp."""
-    try:
-        client.put_item(
-            TableName=table,
-            Item={
-                **stamp_key(),
-                # pylance never reads this item, but a path keeps item parsers
-                # (ours included) from calling it malformed.
-                "path": {"S": STAMP_BASE_URI},
-                SCHEMA_ATTRIBUTE: {"N": str(schema_version)},
-            },
-            ConditionExpression="attribute_not_exists(#s) OR #s <= :v",
-            ExpressionAttributeNames={"#s": SCHEMA_ATTRIBUTE},
-            ExpressionAttributeValues={":v": {"N": str(schema_version)}},
-        )
-    except (ClientError, BotoCoreError) as exc:
-        if error_code(exc) == CONDITION_FAILED_CODE:
-            return  # stamped newer meanwhile: never lower it
-        raise translate_error(exc, target_of(client, table), "PutItem") from exc
+    run_plan(client, write_stamp_plan(RequestContext(target_of(client, table)), schema_version))
+
+
+def stamp_new_table_plan(ctx: RequestContext) -> Requests[int | None]:
+    """What ``lancetx-sync create-table`` does to a table it made (or found): refuse a
+    stamp newer than this release, and bring an unstamped table to the current
+    layout (:func:`migrate_plan`). Returns the stamp found before (None: none).
+    Raises StoreSchemaTooNewError."""
+    found = yield from read_stamp_plan(ctx)
+    _refuse_newer(ctx.table, found)
+    if found is None:
+        yield from migrate_plan(ctx, found)
+    return found
 
 
 def _cache_key(client: Any, table: str) -> tuple[str | None, str | None, str]:
@@ -173,18 +195,33 @@ def migrate(
 
     Raises StoreSchemaTooNewError when the table is newer than this release.
     """
-    current = read_stamp(client, table)
+    ctx = RequestContext(target_of(client, table))
+    current = run_plan(client, read_stamp_plan(ctx))
+    try:
+        return run_plan(client, migrate_plan(ctx, current, target=target, dry_run=dry_run))
+    finally:
+        clear_stamp_cache()
+
+
+def migrate_plan(
+    ctx: RequestContext,
+    current: int | None,
+    *,
+    target: int = CURRENT_SCHEMA_VERSION,
+    dry_run: bool = False,
+) -> Requests[list[MigrationStep]]:
+    """The steps of :func:`migrate` from layout ``current`` (None: unstamped), as a plan
+    for either driver."""
     level = 0 if current is None else current
     if level > CURRENT_SCHEMA_VERSION:
-        raise StoreSchemaTooNewError(table, level, CURRENT_SCHEMA_VERSION)
+        raise StoreSchemaTooNewError(ctx.table, level, CURRENT_SCHEMA_VERSION)
     steps: list[MigrationStep] = []
     while level < target:
         step = _step(level)
         if not dry_run:
-            _apply(client, table, step)
+            yield from _apply_plan(ctx, step)
         steps.append(step)
         level = step.target
-    clear_stamp_cache()
     return steps
 
 
@@ -198,11 +235,11 @@ def _step(level: int) -> MigrationStep:
             raise ValueError(f"no migration from store layout {level}")
 
 
-def _apply(client: Any, table: str, step: MigrationStep) -> None:
+def _apply_plan(ctx: RequestContext, step: MigrationStep) -> Requests[None]:
     match step.source:
         case 0:
             # Layout 1 is Lance's own item layout: nothing to rewrite, only the stamp.
-            write_stamp(client, table, step.target)
+            yield from write_stamp_plan(ctx, step.target)
         case _:
             raise ValueError(f"no migration from store layout {step.source}")
 
@@ -219,10 +256,13 @@ __all__ = [
     "check_stamp_with",
     "clear_stamp_cache",
     "migrate",
+    "migrate_plan",
     "read_stamp",
     "read_stamp_plan",
     "remember_stamp",
     "stamp_checked",
+    "stamp_new_table_plan",
     "stamp_of",
     "write_stamp",
+    "write_stamp_plan",
 ]

@@ -48,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.retention import read_tags
 from lancetx.commit.storage.limits import MANIFEST, read_capped
+from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
     LoadedVersion,
     Progress,
@@ -55,7 +56,12 @@ from lancetx.ops.inventory import (
     no_progress,
     referenced_keys,
 )
-from lancetx.ops.items import ItemChangedError, delete_item_if_path
+from lancetx.ops.items import (
+    ItemChangedError,
+    delete_item_if_path,
+    mark_item_removed,
+    unmark_item_removed,
+)
 from lancetx.ops.preflight import check_table, referenced_since
 from lancetx.ops.table import OpsTable
 
@@ -94,6 +100,8 @@ def _put_back_tagged(
     removed: list[LoadedVersion],
     held: dict[int, dict[str, bytes]],
     tags: set[int],
+    entries: list[ManifestEntry],
+    errors: list[str],
 ) -> list[LoadedVersion]:
     """The removed versions a tag created while this cleanup ran now names, their
     manifests written back (from ``held``, the bytes read before deleting them).
@@ -107,9 +115,15 @@ def _put_back_tagged(
     read can still name a removed version.)"""
     late = tagged_versions(table) - tags
     retagged = [lv for lv in removed if lv.version in late]
+    paths = {e.version: e.path for e in entries}
     for lv in retagged:
         for key, data in held.get(lv.version, {}).items():
             table.store.put(key, data)
+        if table.entries is not None and lv.version in paths:
+            try:  # its manifest is back: no longer a removed version's item
+                unmark_item_removed(table.entries, table.base, lv.version, paths[lv.version])
+            except (ItemChangedError, LancetxError) as exc:
+                errors.append(f"item of version {lv.version}: removed mark left on it ({exc})")
         log.warning(
             "version %d of %s was tagged while this cleanup removed it; its manifest is "
             "back and it is kept",
@@ -122,6 +136,69 @@ def _put_back_tagged(
 def _timestamp(lv: LoadedVersion) -> datetime:
     ts = lv.manifest.manifest.timestamp
     return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC)
+
+
+def _files_to_drop(
+    table: OpsTable, kept: list[LoadedVersion], removed: list[LoadedVersion]
+) -> tuple[set[str], set[str]]:
+    """The files and index folders removed versions reference and no kept one does."""
+    keep_refs: set[str] = set()
+    keep_indices: set[str] = set()
+    for lv in kept:
+        keep_refs |= referenced_keys(table.base, lv.manifest, store=table.store)
+        keep_indices |= index_prefixes(table.base, lv.manifest, store=table.store)
+    drop: set[str] = set()
+    drop_indices: set[str] = set()
+    for lv in removed:
+        drop |= referenced_keys(table.base, lv.manifest, store=table.store) - keep_refs
+        drop_indices |= index_prefixes(table.base, lv.manifest, store=table.store) - keep_indices
+    return drop, drop_indices
+
+
+def _mark_removed(
+    table: OpsTable,
+    earlier: list[ManifestEntry],
+    removed: list[LoadedVersion],
+    entries: list[ManifestEntry],
+    at: datetime,
+    errors: list[str],
+) -> int | None:
+    """Mark removed (see the module docstring) the items of versions removed earlier
+    that are not marked yet, then those of ``removed``, oldest first. Returns the
+    first version of ``removed`` whose item could not be marked (it and every later
+    one must then be kept, so the removed versions stay the oldest), else None."""
+    ddb = table.entries
+    if ddb is None:
+        return None
+    at_ms = int(at.timestamp() * 1000)
+    for entry in earlier:
+        if entry.is_removed:
+            continue
+        try:
+            mark_item_removed(ddb, table.base, entry.version, entry.path, at_ms)
+        except ItemChangedError:
+            errors.append(f"item of version {entry.version} changed; not marked removed")
+        except LancetxError as exc:
+            errors.append(f"item of version {entry.version}: {exc}")
+    by_version = {e.version: e for e in entries}
+    for lv in removed:
+        item = by_version.get(lv.version)
+        if item is None or item.is_removed:
+            continue  # no item (committed before the table used DynamoDB): nothing to mark
+        try:
+            mark_item_removed(ddb, table.base, item.version, item.path, at_ms)
+        except ItemChangedError:
+            errors.append(
+                f"item of version {lv.version} changed while marking it removed; it and "
+                "every later version are kept"
+            )
+            return lv.version
+        except LancetxError as exc:
+            errors.append(
+                f"item of version {lv.version}: {exc}; it and every later version are kept"
+            )
+            return lv.version
+    return None
 
 
 def cleanup_versions(
@@ -160,43 +237,26 @@ def cleanup_versions(
         )
         (kept if keeping else removed).append(lv)
 
-    keep_refs: set[str] = set()
-    keep_indices: set[str] = set()
-    for lv in kept:
-        keep_refs |= referenced_keys(table.base, lv.manifest)
-        keep_indices |= index_prefixes(table.base, lv.manifest)
-    drop: set[str] = set()
-    drop_indices: set[str] = set()
-    for lv in removed:
-        drop |= referenced_keys(table.base, lv.manifest) - keep_refs
-        drop_indices |= index_prefixes(table.base, lv.manifest) - keep_indices
-    # Items may go only for versions older than the fence age: their timestamps are
-    # the removed manifests' (for versions removed earlier, that of the next untagged
-    # version that still has a manifest, which is younger: conservative).
-    fence_cutoff = started - items_older_than
-    removed_at = {lv.version: _timestamp(lv) for lv in removed}
-    untagged = [lv for lv in loaded if lv.version not in tags] or loaded[-1:]
-
-    def removed_before(version: int) -> datetime:
-        return min(_timestamp(lv) for lv in untagged if lv.version > version)
-
     horizon = checked.horizon if checked.horizon is not None else latest
-    candidates = [
+    # Items of versions a cleanup removed before (their manifests are gone).
+    earlier = [
         e
         for e in entries
-        if e.version in removed_at
-        or (e.version not in keys and e.version < horizon and e.version not in tags)
+        if e.version not in keys
+        and (e.is_removed or (e.version < horizon and e.version not in tags))
     ]
-    removable_items = [
-        e
-        for e in candidates
-        if (removed_at[e.version] if e.version in removed_at else removed_before(e.version))
-        < fence_cutoff
-    ]
-    fenced = sorted(e.version for e in candidates if e not in removable_items)
+    errors: list[str] = []
+    if not dry_run:
+        stop = _mark_removed(table, earlier, removed, entries, started, errors)
+        if stop is not None:
+            kept = sorted(kept + [lv for lv in removed if lv.version >= stop], key=_version)
+            removed = [lv for lv in removed if lv.version < stop]
+    drop, drop_indices = _files_to_drop(table, kept, removed)
+    removable_items, fenced = _items_to_delete(
+        entries, loaded, kept, removed, earlier, started - items_older_than
+    )
 
     files: list[str] = sorted(drop)
-    errors: list[str] = []
     items_deleted: list[int] = []
     if not dry_run:
         total = getattr(progress, "total", None)
@@ -213,16 +273,14 @@ def cleanup_versions(
                     continue
                 table.store.delete(key)
             progress("delete", 1)
-        retagged = _put_back_tagged(table, removed, held, tags)
+        retagged = _put_back_tagged(table, removed, held, tags, entries, errors)
         if retagged:
             removed = [lv for lv in removed if lv not in retagged]
-            kept = sorted(kept + retagged, key=lambda lv: lv.version)
-            for lv in retagged:
-                drop -= referenced_keys(table.base, lv.manifest)
-                drop_indices -= index_prefixes(table.base, lv.manifest)
-            back = {lv.version for lv in retagged}
-            removable_items = [e for e in removable_items if e.version not in back]
-            fenced = [v for v in fenced if v not in back]
+            kept = sorted(kept + retagged, key=_version)
+            drop, drop_indices = _files_to_drop(table, kept, removed)
+            removable_items, fenced = _items_to_delete(
+                entries, loaded, kept, removed, earlier, started - items_older_than
+            )
             files = sorted(drop)
         for entry in removable_items:
             progress("delete", 1)
@@ -269,3 +327,44 @@ def cleanup_versions(
         items_kept_as_fence=fenced,
         errors=errors,
     )
+
+
+def _version(lv: LoadedVersion) -> int:
+    return lv.version
+
+
+def _items_to_delete(
+    entries: list[ManifestEntry],
+    loaded: list[LoadedVersion],
+    kept: list[LoadedVersion],
+    removed: list[LoadedVersion],
+    earlier: list[ManifestEntry],
+    cutoff: datetime,
+) -> tuple[list[ManifestEntry], list[int]]:
+    """Which removed versions' items may be deleted now, and the versions of those
+    kept as fences.
+
+    An item may go only when its version is older than the fence age (its
+    timestamp is the removed manifest's; for a version removed earlier, that of
+    the next version that still has a manifest, which is younger: conservative), **and** lies below every version that keeps its manifest: the
+    item of a removed version above a kept one is the only record that it was
+    removed on purpose once that kept version loses its tag."""
+    removed_at = {lv.version: _timestamp(lv) for lv in removed}
+    lowest_kept = min(lv.version for lv in kept) if kept else None
+
+    def removed_before(version: int) -> datetime:
+        # Any version after it was committed later: its time bounds this one's.
+        later = [_timestamp(lv) for lv in loaded if lv.version > version]
+        return min(later) if later else cutoff  # (none: not removable now)
+
+    earlier_versions = {e.version for e in earlier}
+    candidates = [e for e in entries if e.version in removed_at or e.version in earlier_versions]
+    removable = [
+        e
+        for e in candidates
+        if (lowest_kept is None or e.version < lowest_kept)
+        and (removed_at[e.version] if e.version in removed_at else removed_before(e.version))
+        < cutoff
+    ]
+    fenced = sorted(e.version for e in candidates if e not in removable)
+    return removable, fenced

@@ -39,6 +39,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import math
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,7 @@ from lancetx.commit.errors import (
     TransactionFileError,
     TransactionTooLargeError,
 )
+from lancetx.commit.format.bases import BaseRoot
 from lancetx.commit.format.listing import versions_prefix
 from lancetx.commit.format.transaction_file import decode_transaction
 from lancetx.commit.handlers.probe import PROBE_DIR
@@ -59,6 +61,7 @@ from lancetx.errors import UnsafeThresholdError, UntrustedReferenceError, Wedged
 from lancetx.ops.inventory import (
     PARALLELISM,
     Progress,
+    known_bases,
     list_prefixes,
     no_progress,
     referenced_keys,
@@ -204,14 +207,14 @@ def collect_garbage(
     checked = check_table(table, progress)
     referenced: set[str] = set()
     for lv in checked.loaded:
-        referenced |= referenced_keys(table.base, lv.manifest)
+        referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
     listed = list_prefixes(table, GC_FOLDERS, progress)
     pointed_at = {e.path for e in checked.entries}
 
     # A transaction file young enough to belong to a commit in flight keeps itself
     # and whatever it names (a writer writes it before claiming).
     in_flight = _named_by_young_transactions(
-        table, listed["_transactions"], in_flight_cutoff, referenced
+        table, listed["_transactions"], in_flight_cutoff, referenced, known_bases(checked.loaded)
     )
     referenced |= in_flight
     candidates: list[Garbage] = []
@@ -278,7 +281,11 @@ def collect_garbage(
 
 
 def _named_by_young_transactions(
-    table: OpsTable, transactions: list[ObjectMeta], cutoff: datetime, referenced: set[str]
+    table: OpsTable,
+    transactions: list[ObjectMeta],
+    cutoff: datetime,
+    referenced: set[str],
+    bases: Mapping[int, BaseRoot],
 ) -> set[str]:
     young = [m for m in transactions if m.key not in referenced and not _older(m, cutoff)]
 
@@ -292,7 +299,7 @@ def _named_by_young_transactions(
         except (ObjectNotFoundError, TransactionFileError):
             return set()  # gone (its writer cleaned up) or not a transaction: names nothing
         # Any other failure propagates: what an unread transaction names is unknown.
-        return transaction_keys(table.base, txn)
+        return transaction_keys(table.base, txn, store=table.store, bases=bases)
 
     named: set[str] = set()
     with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:

@@ -1,5 +1,6 @@
 """Single-item DynamoDB requests the operator tools need and the commit path does not:
-read an item as stored, and delete one item only while it is what we looked at."""
+read an item as stored, and delete one item, or mark it removed, only while it is
+what we looked at."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from lancetx.externalstore.dynamodb.botocore_errors import error_code, translate_error
 from lancetx.externalstore.dynamodb.config import target_of
-from lancetx.externalstore.dynamodb.plans import key_of
+from lancetx.externalstore.dynamodb.plans import PATH, REMOVED_AT, key_of
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.errors import CONDITION_FAILED_CODE
 
@@ -54,6 +55,57 @@ def delete_item_if_path(
             raise ItemChangedError(f"version {version} of {base_uri!r} changed") from exc
         raise translate_error(
             exc, target_of(entries.client, entries.table_name), "DeleteItem"
+        ) from exc
+
+
+def mark_item_removed(
+    entries: DynamoDBManifestStore, base_uri: str, version: int, path: str, at_ms: int
+) -> None:
+    """Mark the item of ``version`` removed (attribute ``removed_at``, epoch ms), only
+    while it still points at ``path``; an item already marked keeps its first date.
+    One UpdateItem; the rest of the item is left as it is (pylance ignores the mark).
+
+    Raises ItemChangedError if it points elsewhere now (or is gone)."""
+    _update_if_path(
+        entries,
+        base_uri,
+        version,
+        path,
+        "SET #r = if_not_exists(#r, :r)",
+        {":r": {"N": str(at_ms)}},
+    )
+
+
+def unmark_item_removed(
+    entries: DynamoDBManifestStore, base_uri: str, version: int, path: str
+) -> None:
+    """Take the removed mark off the item of ``version`` (its manifest is back), only
+    while it still points at ``path``. Raises ItemChangedError otherwise."""
+    _update_if_path(entries, base_uri, version, path, "REMOVE #r", {})
+
+
+def _update_if_path(
+    entries: DynamoDBManifestStore,
+    base_uri: str,
+    version: int,
+    path: str,
+    update: str,
+    values: dict[str, Any],
+) -> None:
+    try:
+        entries.client.update_item(
+            TableName=entries.table_name,
+            Key=key_of(base_uri, version),
+            UpdateExpression=update,
+            ConditionExpression="#p = :p",
+            ExpressionAttributeNames={"#p": PATH, "#r": REMOVED_AT},
+            ExpressionAttributeValues={":p": {"S": path}, **values},
+        )
+    except (ClientError, BotoCoreError) as exc:
+        if error_code(exc) == CONDITION_FAILED_CODE:
+            raise ItemChangedError(f"version {version} of {base_uri!r} changed") from exc
+        raise translate_error(
+            exc, target_of(entries.client, entries.table_name), "UpdateItem"
         ) from exc
 
 

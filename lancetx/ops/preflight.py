@@ -14,9 +14,9 @@ state they can reason about:
   (wedged, missing): its repair may need the very files they would delete
   (:class:`WedgedTableError`).
 
-Versions a cleanup removed (below the cleanup horizon, see
-:mod:`lancetx.commit.format.retention`) are expected to have no manifest, and
-their items, kept as fences, are not a problem.
+Versions a cleanup removed (their items marked so, or below the cleanup horizon,
+see :mod:`lancetx.commit.format.retention`) are expected to have no manifest,
+and their items, kept as fences, are not a problem.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def check_table(table: OpsTable, progress: Progress = no_progress) -> CheckedTab
     unsafe = [
         f"version {lv.version} names {name!r} ({why})"
         for lv in loaded
-        for name, why in unsafe_references(lv.manifest)
+        for name, why in unsafe_references(lv.manifest, store=table.store, base=table.base)
     ]
     if unsafe:
         raise UntrustedReferenceError(table.uri, unsafe, table.command("verify"))
@@ -113,9 +113,10 @@ def check_table(table: OpsTable, progress: Progress = no_progress) -> CheckedTab
 def readable_manifest_keys(
     table: OpsTable, entries: list[ManifestEntry], listing: VersionsListing, tagged: set[int]
 ) -> dict[int, str]:
-    """The manifest of every committed version that still has one. Versions below
-    the cleanup horizon were removed by a cleanup (their items may remain); a
-    version at or above it without a manifest needs repair: refused."""
+    """The manifest of every committed version that still has one. Versions whose
+    item a cleanup marked removed, and versions below the cleanup horizon, were
+    removed by a cleanup (their items may remain); any other version without a
+    manifest needs repair: refused."""
     staged_keys = {s.key for s in listing.staged}
     keys = {
         v: k
@@ -126,7 +127,7 @@ def readable_manifest_keys(
     broken = [
         e.version
         for e in entries
-        if e.version not in keys and (horizon is None or e.version >= horizon)
+        if e.version not in keys and not e.is_removed and (horizon is None or e.version >= horizon)
     ]
     if broken:
         raise WedgedTableError(
@@ -151,5 +152,5 @@ def referenced_since(
     loaded, _failed = read_manifests(table, sorted(keys.items()), progress)
     referenced: set[str] = set()
     for lv in loaded:
-        referenced |= referenced_keys(table.base, lv.manifest)
+        referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
     return referenced, set(keys.values())

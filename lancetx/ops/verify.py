@@ -11,9 +11,11 @@ that bypassed DynamoDB). A path where nothing was ever committed is a finding
 too. ``deep`` also checks that every data and deletion file of the latest
 version (or of every version) exists, with the recorded size.
 
-Versions a cleanup removed are told from missing ones by the cleanup horizon
-(:mod:`lancetx.commit.format.retention`): below it, a version without a manifest
-(or without an item either) is informational; at or above it, a problem.
+Versions a cleanup removed are told from missing ones by the mark lancetx's
+cleanup sets on their items (``removed_at``) and by the cleanup horizon
+(:mod:`lancetx.commit.format.retention`): a marked item, or a version below the
+horizon, without a manifest (or without an item either) is informational; any
+other, a problem.
 
 Beside live writers a scan can catch a commit half-way (its item claimed after
 the Query, its manifest listed; a staged item finalized between the Query and
@@ -25,14 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lancetx.commit.errors import LancetxError
+from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.retention import cleanup_horizon, read_tags
 from lancetx.commit.storage.objectstore import ObjectMeta
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.errors import UntrustedManifestPathError
 from lancetx.externalstore.protocol import final_key_of, validate_entry
 from lancetx.ops.findings import ERROR, INFO, Finding
 from lancetx.ops.inventory import (
+    ForeignFile,
     LoadedVersion,
     Progress,
     StagedObject,
@@ -40,6 +44,7 @@ from lancetx.ops.inventory import (
     committed_manifest_keys,
     data_file_keys,
     deletion_keys,
+    foreign_files,
     list_prefixes,
     list_versions_folder,
     no_progress,
@@ -241,7 +246,7 @@ def _scan_once(
                         final_key,
                     )
                 )
-            elif horizon is not None and version < horizon:
+            elif entry.is_removed or (horizon is not None and version < horizon):
                 findings.append(
                     Finding(
                         "cleaned_up_version",
@@ -341,7 +346,7 @@ def _scan_once(
     listed = list_prefixes(table, folders, progress)
     transactions = {m.key for m in listed["_transactions"]}
     for lv in loaded:
-        for name, why in unsafe_references(lv.manifest):
+        for name, why in unsafe_references(lv.manifest, store=table.store, base=table.base):
             findings.append(
                 Finding(
                     "untrusted_file_path",
@@ -379,8 +384,10 @@ def _scan_once(
             )
     if deep and loaded:
         objects = {m.key: m for m in listed["data"] + listed["_deletions"]}
+        heads: dict[str, ObjectMeta | None] = {}
         for lv in loaded if all_versions else loaded[-1:]:
             findings.extend(_deep_findings(table, lv, objects))
+            findings.extend(_foreign_findings(table, lv, heads))
     return TableScan(entries, listing, loaded, findings)
 
 
@@ -420,11 +427,59 @@ def _staged_copies(listing: VersionsListing, entry: ManifestEntry) -> list[Stage
     return [s for s in candidates if entry.size is None or s.meta.size == entry.size]
 
 
+def _foreign_findings(
+    table: OpsTable, lv: LoadedVersion, heads: dict[str, ObjectMeta | None]
+) -> list[Finding]:
+    """Files read from base paths outside the table (a clone reads its source's): HEAD
+    each once per scan (``heads``). A source's own cleanup may have removed them."""
+    out: list[Finding] = []
+    for found in foreign_files(table.store, table.base, lv.manifest):
+        if found.uri not in heads:
+            heads[found.uri] = _head_foreign(table, found)
+        meta = heads[found.uri]
+        kind = "missing_data_file" if found.kind == "data" else "missing_deletion_file"
+        if meta is None:
+            out.append(
+                Finding(
+                    kind,
+                    f"version {lv.version} reads {found.kind} file {found.uri} from "
+                    f"{found.root.describe()}, which does not have it any more (a cleanup "
+                    "of the table there removes what none of its own versions references)",
+                    "restore it from bucket versioning; tag the version a clone was made "
+                    "from on its source, so that the source's cleanup keeps its files",
+                    lv.version,
+                    found.uri,
+                )
+            )
+        elif found.size is not None and meta.size != found.size:
+            out.append(
+                Finding(
+                    "data_file_size_mismatch",
+                    f"data file {found.uri} has {meta.size} bytes, version {lv.version} "
+                    f"records {found.size}",
+                    "restore it from bucket versioning",
+                    lv.version,
+                    found.uri,
+                )
+            )
+    return out
+
+
+def _head_foreign(table: OpsTable, found: ForeignFile) -> ObjectMeta | None:
+    try:
+        if found.own_store_key is not None:
+            return table.store.head(found.own_store_key)
+        other, key = open_object_store(found.uri, table.options)
+        return other.head(key)
+    except ObjectNotFoundError:
+        return None
+
+
 def _deep_findings(
     table: OpsTable, lv: LoadedVersion, objects: dict[str, ObjectMeta]
 ) -> list[Finding]:
     out: list[Finding] = []
-    for key, size in sorted(data_file_keys(table.base, lv.manifest).items()):
+    for key, size in sorted(data_file_keys(table.base, lv.manifest, store=table.store).items()):
         meta = objects.get(key)
         if meta is None:
             out.append(
@@ -446,7 +501,7 @@ def _deep_findings(
                     key,
                 )
             )
-    for key in sorted(deletion_keys(table.base, lv.manifest)):
+    for key in sorted(deletion_keys(table.base, lv.manifest, store=table.store)):
         if key not in objects:
             out.append(
                 Finding(

@@ -17,8 +17,13 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from lancetx.commit.engine.operations import Delete, Transaction, Update, UpdateMode
-from lancetx.commit.format.deletion import read_deletion_vector, write_deletion_vector
+from lancetx.commit.format.deletion import (
+    decode_deletion_vector,
+    locate_deletion_file,
+    write_deletion_vector,
+)
 from lancetx.commit.format.rowids import encode_row_ids
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.committing import PlanContext
 from lancetx.convert import to_fragment
 from lancetx.errors import InvalidPredicateError, SchemaMismatchError, UnknownColumnError
@@ -63,6 +68,21 @@ def _offsets_by_fragment(addresses: pa.ChunkedArray) -> dict[int, BitMap]:
     return out
 
 
+def _deleted_rows(ctx: PlanContext, fragment: table_pb2.DataFragment) -> BitMap:
+    """The fragment's deletion vector, wherever its file is: the table's own, or under
+    a base path (a shallow clone reads its source's), in another bucket too."""
+    where = locate_deletion_file(
+        ctx.store, ctx.base, fragment.id, fragment.deletion_file, ctx.manifest.base_paths
+    )
+    if where.key is not None:
+        data = ctx.store.get(where.key)
+    else:
+        # Another bucket (or store): read with the table's storage options, as pylance does.
+        other, key = open_object_store(where.uri, ctx.state.conn.storage_options)
+        data = other.get(key)
+    return decode_deletion_vector(data, fragment.deletion_file, path=where.uri)
+
+
 def _delete_rows(
     ctx: PlanContext, offsets: Mapping[int, BitMap]
 ) -> tuple[tuple[table_pb2.DataFragment, ...], tuple[int, ...]]:
@@ -74,7 +94,7 @@ def _delete_rows(
         fragment = by_id[fragment_id]
         merged = BitMap(rows)
         if fragment.HasField("deletion_file"):
-            merged |= read_deletion_vector(ctx.store, ctx.base, fragment_id, fragment.deletion_file)
+            merged |= _deleted_rows(ctx, fragment)
         if fragment.physical_rows and len(merged) >= fragment.physical_rows:
             emptied.append(fragment_id)
             continue

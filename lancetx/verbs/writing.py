@@ -15,9 +15,13 @@ from typing import Any
 import pyarrow as pa
 
 from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transaction
-from lancetx.commit.errors import ObjectNotFoundError
-from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.commit.errors import BasePathError, ObjectNotFoundError
+from lancetx.commit.format.bases import data_file_key, key_in, parse_base
+from lancetx.commit.format.manifest import FLAG_STABLE_ROW_IDS
+from lancetx.commit.format.naming import DATA_DIR, join, unsafe_relative_path
 from lancetx.commit.format.schema import arrow_schema_to_fields
+from lancetx.commit.storage.objectstore import ObjectStore
+from lancetx.commit.storage.stores import open_object_store
 from lancetx.committing import CommitArgs, PlanContext, VerbFlags, discard
 from lancetx.convert import to_fragment
 from lancetx.data import StreamGuard, check_append_schema, to_reader
@@ -44,6 +48,9 @@ _OWN_WRITE_PARAMS = {
 }
 #: Sizes pylance needs positive (0 makes its writer panic, a negative one overflow).
 _POSITIVE_WRITE_PARAMS = ("max_rows_per_file", "max_rows_per_group", "max_bytes_per_file")
+#: The write parameter choosing stable row ids: a setting of the commit that creates a
+#: table (pylance's data files do not depend on it), never handed to ``write_fragments``.
+STABLE_ROW_IDS_PARAM = "enable_stable_row_ids"
 
 
 def check_write_params(params: Mapping[str, Any]) -> None:
@@ -75,6 +82,38 @@ def check_write_params(params: Mapping[str, Any]) -> None:
             and (isinstance(value, bool) or not isinstance(value, int) or value <= 0)
         ):
             raise InvalidWriteParamError(name, f"must be a positive integer, got {value!r}")
+        if name == STABLE_ROW_IDS_PARAM and not isinstance(value, bool):
+            raise InvalidWriteParamError(name, f"must be True or False, got {value!r}")
+
+
+def take_stable_row_ids(params: dict[str, Any]) -> bool | None:
+    """Remove ``enable_stable_row_ids`` from ``params`` (checked by
+    :func:`check_write_params`); None when it was not given."""
+    value = params.pop(STABLE_ROW_IDS_PARAM, None)
+    return bool(value) if value is not None else None
+
+
+def check_stable_row_ids(uri: str, requested: bool | None, manifest: table_pb2.Manifest) -> None:
+    """Refuse ``enable_stable_row_ids`` that differs from what the table has: Lance
+    fixes it when a table is created, and no later write changes it (pylance ignores
+    the parameter then; lancetx says so rather than write something else than asked)."""
+    if requested is None:
+        return
+    has = bool(manifest.reader_feature_flags & FLAG_STABLE_ROW_IDS)
+    if has == requested:
+        return
+    if requested:
+        problem = (
+            f"the table {uri} (version {manifest.version}) was created without stable row "
+            "ids, and they cannot be turned on later (Lance refuses it too): write a new "
+            "table with write_table(..., enable_stable_row_ids=True) and copy the rows over"
+        )
+    else:
+        problem = (
+            f"the table {uri} (version {manifest.version}) has stable row ids, and they "
+            "cannot be turned off; leave the parameter out to write to it"
+        )
+    raise InvalidWriteParamError(STABLE_ROW_IDS_PARAM, problem)
 
 
 def _write_fragments(
@@ -128,11 +167,18 @@ class WritePlan:
         self.overwrite = overwrite
         self.schema = schema
         self.params = dict(params)
+        #: ``enable_stable_row_ids`` as given (None: not given): a new table gets them
+        #: through the commit (:attr:`CommitArgs.stable_row_ids`), an existing one
+        #: must already be what is asked for.
+        self.stable_row_ids = take_stable_row_ids(self.params)
         self.fragments: tuple[table_pb2.DataFragment, ...] | None = None
         self.arrow_schema: pa.Schema | None = None
 
     def __call__(self, ctx: PlanContext) -> Transaction:
+        if ctx.parent is not None:
+            check_stable_row_ids(ctx.uri, self.stable_row_ids, ctx.manifest)
         if self.fragments is None:
+            _check_creates(ctx, initial_bases(self.params.get("initial_bases")))
             reader, guard = to_reader(ctx.uri, self.data, self.schema)
             append = not self.overwrite and ctx.parent is not None
             if append:
@@ -146,19 +192,61 @@ class WritePlan:
             return Transaction(
                 read_version=ctx.read_version, operation=Append(fragments=self.fragments)
             )
-        return overwrite_transaction(ctx.read_version, self.fragments, self.arrow_schema)
+        bases = initial_bases(self.params.get("initial_bases"))
+        _check_creates(ctx, bases)
+        return overwrite_transaction(
+            ctx.read_version, self.fragments, self.arrow_schema, initial_bases=bases
+        )
+
+
+def _check_creates(ctx: PlanContext, bases: Sequence[table_pb2.BasePath]) -> None:
+    """``initial_bases`` register base paths only when the write creates the table
+    (Lance's rule): refused, before anything is written, on a table that exists."""
+    if bases and ctx.parent is not None:
+        raise InvalidWriteParamError(
+            "initial_bases",
+            f"registers base paths only when the write creates the table; {ctx.uri} "
+            f"exists (version {ctx.parent.version}): register them with "
+            "Table.commit(UpdateBases(new_bases=...))",
+        )
 
 
 def overwrite_transaction(
-    read_version: int, fragments: Sequence[table_pb2.DataFragment], schema: pa.Schema
+    read_version: int,
+    fragments: Sequence[table_pb2.DataFragment],
+    schema: pa.Schema,
+    *,
+    initial_bases: Sequence[table_pb2.BasePath] = (),
 ) -> Transaction:
     fields, metadata = arrow_schema_to_fields(schema)
     return Transaction(
         read_version=read_version,
         operation=Overwrite(
-            fragments=tuple(fragments), schema=tuple(fields), schema_metadata=metadata
+            fragments=tuple(fragments),
+            schema=tuple(fields),
+            schema_metadata=metadata,
+            initial_bases=tuple(initial_bases),
         ),
     )
+
+
+def initial_bases(given: Any) -> tuple[table_pb2.BasePath, ...]:
+    """pylance's ``initial_bases`` (``lance.DatasetBasePath``) as the Overwrite registers
+    them, with the ids pylance gave the files it wrote under them: an id of 0 takes the
+    next one from 1, in order (Lance's rule when a write creates a table)."""
+    out: list[table_pb2.BasePath] = []
+    next_id = 1
+    for base in given or ():
+        entry = table_pb2.BasePath(
+            id=int(base.id), path=str(base.path), is_dataset_root=bool(base.is_dataset_root)
+        )
+        if base.name is not None:
+            entry.name = str(base.name)
+        if entry.id == 0:
+            entry.id = next_id
+            next_id += 1
+        out.append(entry)
+    return tuple(out)
 
 
 class FragmentsPlan:
@@ -182,6 +270,7 @@ class FragmentsPlan:
         fresh_field_ids: bool = False,
         merge_schema: bool = False,
         null_counts: Mapping[str, int] | None = None,
+        stable_row_ids: bool | None = None,
     ) -> None:
         if schema is not None and not isinstance(schema, pa.Schema):
             raise UnsupportedInputError(uri, schema, "schema= must be a pyarrow.Schema")
@@ -199,9 +288,12 @@ class FragmentsPlan:
         self.fresh_field_ids = fresh_field_ids
         self.merge_schema = merge_schema
         self.null_counts = dict(null_counts or {})
+        self.stable_row_ids = stable_row_ids
         self.checked = False
 
     def __call__(self, ctx: PlanContext) -> Transaction:
+        if ctx.parent is not None:
+            check_stable_row_ids(ctx.uri, self.stable_row_ids, ctx.manifest)
         if not self.checked:
             check_in_data_dir(ctx, self.fragments)
             self.checked = True
@@ -265,12 +357,15 @@ def fragments_verb(
     null_counts: Mapping[str, int] | None,
     idempotency_since: int,
     commit_timeout: float | None,
+    enable_stable_row_ids: bool | None = None,
 ) -> tuple[FragmentsPlan, CommitArgs, VerbFlags]:
     """The plan, arguments and flags of ``commit_fragments`` (sync and async alike)."""
     from lancetx.commit.engine.retry import RetryPolicy
 
     if mode not in ("append", "overwrite"):
         raise ValueError(f'mode must be "append" or "overwrite", not {mode!r}')
+    if enable_stable_row_ids is not None:
+        check_write_params({STABLE_ROW_IDS_PARAM: enable_stable_row_ids})
     plan = FragmentsPlan(
         uri,
         list(fragments),
@@ -279,6 +374,7 @@ def fragments_verb(
         fresh_field_ids=fresh_field_ids,
         merge_schema=merge_schema,
         null_counts=null_counts,
+        stable_row_ids=enable_stable_row_ids,
     )
     args = CommitArgs(
         commit_message,
@@ -287,6 +383,7 @@ def fragments_verb(
         expected_version,
         idempotency_since=idempotency_since,
         retry=RetryPolicy(max_elapsed=commit_timeout) if commit_timeout is not None else None,
+        stable_row_ids=bool(enable_stable_row_ids),
     )
     flags = VerbFlags(
         # A Merge lists every fragment: a concurrent append forces a new plan.
@@ -307,45 +404,95 @@ def _unassigned(fragment: table_pb2.DataFragment) -> table_pb2.DataFragment:
 
 
 def check_in_data_dir(ctx: PlanContext, fragments: Sequence[table_pb2.DataFragment]) -> None:
-    """Refuse fragments whose files are not objects in this table's ``data/`` directory."""
+    """Refuse fragments whose files are not objects in this table's ``data/`` directory,
+    or (a file with a ``base_id``) under a base path the table registers: there, a
+    dataset root's ``data/`` or the folder itself (as Lance reads them). Every file
+    must exist. A base inside the table's own folder must keep its files in ``data/``."""
     base = ctx.state.conn.base
     data_dir = ctx.store.uri(join(base, DATA_DIR)) + "/"
+    registered = {b.id: b for b in ctx.manifest.base_paths} if ctx.parent is not None else {}
     bad: list[str] = []
-    keys: list[tuple[str, str]] = []
+    reasons: dict[str, str] = {}
+    keys: list[tuple[str, ObjectStore, str]] = []
     for frag in fragments:
         for f in frag.files:
             path = f.path
+            if f.HasField("base_id"):
+                found = _under_base(ctx, registered, f.base_id, path)
+                if isinstance(found, str):
+                    bad.append(path)
+                    reasons[path] = found
+                else:
+                    keys.append((path, *found))
+                continue
             normal = posixpath.normpath(path) if path else ""
-            if (
-                not path
-                or "://" in path
-                or path.startswith("/")
-                or normal.startswith("..")
-                or f.HasField("base_id")
-            ):
+            if not path or "://" in path or path.startswith("/") or normal.startswith(".."):
                 bad.append(path or "<empty path>")
             else:
-                keys.append((path, join(base, DATA_DIR, normal)))
+                keys.append((path, ctx.store, join(base, DATA_DIR, normal)))
     if not bad and keys:
 
-        def missing(item: tuple[str, str]) -> str | None:
+        def missing(item: tuple[str, ObjectStore, str]) -> str | None:
             try:
-                ctx.store.head(item[1])
+                item[1].head(item[2])
             except ObjectNotFoundError:
+                reasons[item[0]] = f"no object {item[1].uri(item[2])}"
                 return item[0]
             return None
 
         with ThreadPoolExecutor(max_workers=min(CHECK_PARALLELISM, len(keys))) as pool:
             bad = [p for p in pool.map(missing, keys) if p is not None]
     if bad:
-        raise ForeignFragmentError(ctx.uri, data_dir, bad)
+        raise ForeignFragmentError(
+            ctx.uri, data_dir, bad, registered_bases(registered.values()), reasons
+        )
+
+
+def registered_bases(bases: Iterable[table_pb2.BasePath]) -> list[str]:
+    """The base paths a table registers, as an error message lists them."""
+    return [
+        f"id {b.id}" + (f" ({b.name!r})" if b.HasField("name") else "") + f" {b.path}"
+        for b in bases
+    ]
+
+
+def _under_base(
+    ctx: PlanContext, registered: Mapping[int, table_pb2.BasePath], base_id: int, path: str
+) -> str | tuple[ObjectStore, str]:
+    """Where the data file ``path`` of base ``base_id`` is (its store and key), or why
+    it cannot be taken."""
+    entry = registered.get(base_id)
+    if entry is None:
+        return f"base path id {base_id} is not registered in this table"
+    problem = unsafe_relative_path(path)
+    if problem is not None:
+        return problem
+    try:
+        root = parse_base(entry)
+    except BasePathError as exc:
+        return f"base path id {base_id}: {exc.problem}"
+    key = data_file_key(root, path)
+    own = key_in(ctx.store, root, key)
+    table = ctx.state.conn.base
+    if own is not None:
+        if (not table or own.startswith(table + "/")) and not own.startswith(
+            join(table, DATA_DIR) + "/"
+        ):
+            return f"under base path id {base_id} it is {own!r}: inside this table, not in data/"
+        return ctx.store, own
+    if not root.followable:
+        return f"base path id {base_id} {root.path!r}: lancetx cannot check objects there"
+    other, other_key = open_object_store(root.object_uri(key), ctx.state.conn.storage_options)
+    return other, other_key
 
 
 __all__ = [
     "FragmentsPlan",
     "WritePlan",
     "check_in_data_dir",
+    "check_stable_row_ids",
     "fragment_files",
     "fragments_verb",
     "overwrite_transaction",
+    "take_stable_row_ids",
 ]

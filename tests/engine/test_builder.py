@@ -794,11 +794,78 @@ def test_restore_needs_the_restored_manifest() -> None:
         )
 
 
-def test_clone_is_refused() -> None:
-    with pytest.raises(
-        InvalidTransactionError, match="Clone operation should not enter build_manifest"
-    ):
-        build(None, txn("clone", read_version=0, ref_path="s3://b/src", ref_version=3))
+def _clone_txn(**fields: Any) -> Txn:
+    fields.setdefault("is_shallow", True)
+    fields.setdefault("ref_path", "s3://b/src.lance")
+    fields.setdefault("ref_version", 3)
+    return txn("clone", read_version=0, **fields)
+
+
+def test_clone_is_the_source_version_reading_its_files_through_a_new_base_path() -> None:
+    moved = data_file()
+    moved.base_id = 0  # the source is itself a clone: this file is its source's
+    source = manifest([frag(0, deleted=2), frag(1, files=[moved])], version=3, config={"k": "v"})
+    source.base_paths.add(id=0, is_dataset_root=True, path="s3://b/origin.lance")
+    own_index = index("id_idx", [0], [0, 1])
+    inherited = index("vec_idx", [1], [0, 1])
+    inherited.base_id = 0
+    built = build(None, _clone_txn(), clone_source=(source, [own_index, inherited]))
+    m = built.manifest
+    assert m.version == 1
+    assert [(b.id, b.path, b.is_dataset_root) for b in m.base_paths] == [
+        (0, "s3://b/origin.lance", True),
+        (1, "s3://b/src.lance", True),
+    ]
+    # the source's own files are read from the source; its inherited one keeps its base
+    assert [[f.base_id for f in frag.files] for frag in m.fragments] == [[1], [0]]
+    assert m.fragments[0].deletion_file.base_id == 1
+    assert [(i.name, i.base_id) for i in built.indices] == [("id_idx", 1), ("vec_idx", 0)]
+    assert list(m.fields) == list(source.fields) and dict(m.config) == {"k": "v"}
+    assert m.table_metadata["team"] == "data" and m.schema_metadata["owner"] == b"tests"
+    assert m.reader_feature_flags == 1 | 16 and m.writer_feature_flags == 1 | 8 | 16
+    assert m.tag == "" and m.transaction_file.startswith("0-")
+    assert m.timestamp.ToDatetime(tzinfo=UTC) == NOW
+    assert m.writer_version.library == "lancetx"
+    assert not m.HasField("index_section") and not m.HasField("inline_transaction_position")
+    # the inputs are untouched
+    assert not source.fragments[0].files[0].HasField("base_id") and len(source.base_paths) == 1
+
+
+def test_clone_refuses_what_lance_would_not_build() -> None:
+    source = manifest([frag(0)], version=3)
+    with pytest.raises(InvalidTransactionError, match="clone_source is required"):
+        build(None, _clone_txn())
+    with pytest.raises(InvalidTransactionError, match="clone_source is version 3, but"):
+        build(None, _clone_txn(ref_version=2), clone_source=(source, []))
+    with pytest.raises(InvalidTransactionError, match="first operation of a table"):
+        build(manifest([frag(0)], version=1), _clone_txn(), clone_source=(source, []))
+    with pytest.raises(UnsupportedFeatureError, match="deep clone"):
+        build(None, _clone_txn(is_shallow=False), clone_source=(source, []))
+    with pytest.raises(UnsupportedFeatureError, match="branch 'dev'"):
+        build(None, _clone_txn(branch_name="dev"), clone_source=(source, []))
+    external = frag(0)
+    external.external_row_ids.path = "rows.bin"
+    with pytest.raises(UnsupportedFeatureError, match="external_row_ids"):
+        build(None, _clone_txn(), clone_source=(manifest([external], version=3), []))
+
+
+def test_a_version_naming_an_unregistered_base_is_never_built() -> None:
+    elsewhere = data_file()
+    elsewhere.base_id = 4
+    with pytest.raises(InvalidTransactionError, match=r"stored under base path id 4.*register"):
+        build(
+            None,
+            txn("overwrite", read_version=0, fragments=[frag(0, files=[elsewhere])], schema=SCHEMA),
+        )
+    current = manifest([frag(0)], version=3)
+    current.base_paths.add(id=4, is_dataset_root=False, path="s3://b/archive")
+    # registered: appended fine; its deletion file may not live under a non-root base
+    done = build(current, txn("append", fragments=[frag(1, files=[elsewhere])]))
+    assert [f.base_id for f in done.manifest.fragments[1].files] == [4]
+    deleted = frag(0, deleted=1)
+    deleted.deletion_file.base_id = 4
+    with pytest.raises(InvalidTransactionError, match="not a dataset root"):
+        build(current, txn("delete", updated_fragments=[deleted]))
 
 
 def test_transaction_without_operation_is_refused() -> None:

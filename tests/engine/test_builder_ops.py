@@ -16,6 +16,7 @@ import pytest
 from pyroaring import BitMap
 
 from lancetx.commit.engine.builder import (
+    FRAG_REUSE_INDEX_NAME,
     MEM_WAL_INDEX_NAME,
     InvalidTransactionError,
     fragment_bitmap,
@@ -24,7 +25,7 @@ from lancetx.commit.engine.builder import (
 from lancetx.commit.engine.builder.driver import start_from_previous
 from lancetx.commit.engine.builder.ops import OPERATIONS
 from lancetx.commit.engine.builder.ops.append import apply_append
-from lancetx.commit.engine.builder.ops.clone import raise_clone
+from lancetx.commit.engine.builder.ops.clone import apply_clone
 from lancetx.commit.engine.builder.ops.create_index import apply_create_index
 from lancetx.commit.engine.builder.ops.data_replacement import apply_data_replacement
 from lancetx.commit.engine.builder.ops.delete import apply_delete
@@ -105,9 +106,11 @@ def start(
         version=(prev.version + 1) if prev is not None else 1,
         transaction_file="t.txn",
         restore_source=kwargs.get("restore_source"),  # type: ignore[arg-type]
+        clone_source=kwargs.get("clone_source"),  # type: ignore[arg-type]
         now=NOW,
         data_storage_version=None,
         enable_stable_row_ids=False,
+        frag_reuse_index=kwargs.get("frag_reuse_index"),  # type: ignore[arg-type]
     )
     if txn.WhichOneof("operation") not in ("restore", "clone"):
         start_from_previous(state)
@@ -193,6 +196,50 @@ def test_rewrite_replaces_each_group_with_new_fragments() -> None:
     group.new_fragments.append(frag(0, rows=20))
     state = start(previous(0, 1, 2), txn)
     assert ids(apply_rewrite(state)) == [2, 3]
+
+
+def test_rewrite_with_reserved_ids_swaps_remapped_indices() -> None:
+    """A remapping compaction: new fragments carry their reserved ids, and each
+    rewritten index gets its new uuid and files (in the table's own folder, even
+    when the old ones were under a base path) and covers the new fragments."""
+    old = index("v_idx", [1], [0, 1, 2])
+    old.base_id = 0  # read from a clone's source: the remapped files are the table's own
+    txn = Txn(read_version=3)
+    group = txn.rewrite.groups.add()
+    group.old_fragments.extend([frag(0), frag(1)])
+    group.new_fragments.append(frag(7, rows=20))
+    rewritten = txn.rewrite.rewritten_indices.add()
+    rewritten.old_id.uuid = old.uuid.uuid
+    rewritten.new_id.uuid = uuid.uuid4().bytes
+    rewritten.new_index_files.add(path="index.idx", size_bytes=10)
+    state = start(previous(0, 1, 2, max_fragment_id=7), txn, [old])
+    assert ids(apply_rewrite(state)) == [2, 7]
+    (v_idx,) = state.indices
+    assert v_idx.uuid.uuid == rewritten.new_id.uuid
+    assert [f.path for f in v_idx.files] == ["index.idx"]
+    assert fragment_bitmap(v_idx) == BitMap([2, 7])
+    assert not v_idx.HasField("base_id")
+
+
+def test_rewrite_carrying_a_fragment_reuse_index_replaces_the_tables() -> None:
+    """A compaction that defers remapping: its fragment reuse index (the table's
+    one plus this rewrite's version) replaces the table's; the others stay."""
+    current = index(FRAG_REUSE_INDEX_NAME, [], [5])
+    vec = index("v_idx", [1], [0, 1])
+    carried = index(FRAG_REUSE_INDEX_NAME, [], [5, 7])
+    txn = Txn(read_version=3)
+    group = txn.rewrite.groups.add()
+    group.old_fragments.extend([frag(0), frag(1)])
+    group.new_fragments.append(frag(7, rows=20))
+    state = start(
+        previous(0, 1, 5, max_fragment_id=7), txn, [current, vec], frag_reuse_index=carried
+    )
+    assert ids(apply_rewrite(state)) == [5, 7]
+    assert [(i.name, i.uuid.uuid) for i in state.indices] == [
+        ("v_idx", vec.uuid.uuid),
+        (FRAG_REUSE_INDEX_NAME, carried.uuid.uuid),
+    ]
+    assert fragment_bitmap(state.indices[0]) == BitMap([0, 1]), "deferred: not remapped"
 
 
 def test_merge_keeps_fragments_and_takes_the_new_schema() -> None:
@@ -298,7 +345,12 @@ def test_restore_brings_back_the_old_manifest_at_the_new_version() -> None:
 
 
 def test_clone_is_never_built_from_a_previous_version() -> None:
-    txn = Txn(read_version=3)
+    txn = Txn(read_version=0)
     txn.clone.is_shallow = True
-    with pytest.raises(InvalidTransactionError, match="Clone"):
-        raise_clone(start(previous(0), txn))
+    txn.clone.ref_path = "s3://b/src.lance"
+    txn.clone.ref_version = 3
+    with pytest.raises(InvalidTransactionError, match="first operation of a table"):
+        apply_clone(start(previous(0), txn, clone_source=(previous(0), [])))
+    built = apply_clone(start(None, txn, clone_source=(previous(0, 1), [])))
+    assert built.manifest.version == 1
+    assert [f.files[0].base_id for f in built.manifest.fragments] == [0, 0]

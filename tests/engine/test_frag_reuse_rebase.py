@@ -174,4 +174,4 @@ def test_the_rebase_was_refused_before(lake: Lake) -> None:
             read_fragments={},
             latest=read.manifest.manifest,
         )
-    assert "a rewrite's fragment reuse index is not committed by lancetx" in str(info.value)
+    assert "a rewrite carrying a fragment reuse index is planned again" in str(info.value)

@@ -21,7 +21,6 @@ from lancetx.commit.engine.operations import (
     Transaction,
     Update,
 )
-from lancetx.commit.errors import InvalidCommitError
 from lancetx.protos import table_pb2
 
 
@@ -74,22 +73,23 @@ def test_strict_commit_that_learns_the_table_moved_by_losing_writes_no_file(
     assert _everything(table) == before
 
 
-def test_rewrite_carrying_a_fragment_reuse_index_is_refused_not_dropped(
+def test_rewrite_carrying_a_misnamed_fragment_reuse_index_is_refused(
     table: EngineTable,
 ) -> None:
-    """The index lives only in memory (the protobuf has no field for it), so a
-    commit would silently lose it: refused before anything is written."""
+    """The index a deferred-remap compaction carries replaces the table's
+    ``__lance_frag_reuse`` by name: any other name is refused before anything
+    is written."""
     latest = table.latest()
     old = latest.manifest.manifest.fragments[0]
     new = table_pb2.DataFragment()
     new.CopyFrom(old)
     new.id = 0
-    index = table_pb2.IndexMetadata(name=FRAG_REUSE_INDEX_NAME)
+    index = table_pb2.IndexMetadata(name="not_" + FRAG_REUSE_INDEX_NAME)
     operation = Rewrite(
         groups=(RewriteGroup(old_fragments=(old,), new_fragments=(new,)),),
         frag_reuse_index=index,
     )
     before = _everything(table)
-    with pytest.raises(InvalidCommitError, match="fragment reuse index"):
+    with pytest.raises(InvalidTransactionError, match="fragment reuse index is named"):
         table.commit(Transaction(read_version=latest.version, operation=operation))
     assert _everything(table) == before

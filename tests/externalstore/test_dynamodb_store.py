@@ -39,7 +39,7 @@ from lancetx.externalstore.dynamodb.store_async import (
     create_table_async,
     open_client,
 )
-from lancetx.externalstore.dynamodb.store_schema import clear_stamp_cache
+from lancetx.externalstore.dynamodb.store_schema import STAMP_BASE_URI, clear_stamp_cache
 from lancetx.externalstore.dynamodb.uri import canonical_base_uri
 from lancetx.externalstore.errors import (
     AccessDeniedError,
@@ -146,9 +146,11 @@ def store(config: DynamoDBConfig, table: str) -> DynamoDBManifestStore:
 
 
 def scan(config: DynamoDBConfig, table: str) -> list[dict[str, Any]]:
-    """Every item of ``table``, read with a plain boto3 client (lancetx's has no Scan)."""
+    """Every item of ``table`` but the layout stamp ``create_table`` writes, read with a
+    plain boto3 client (lancetx's has no Scan)."""
     client = boto3.client("dynamodb", **config.client_kwargs(session_region()))
-    return list(client.scan(TableName=table, ConsistentRead=True)["Items"])
+    items = client.scan(TableName=table, ConsistentRead=True)["Items"]
+    return [i for i in items if i["base_uri"]["S"] != STAMP_BASE_URI]
 
 
 def make_table(client: Any, name: str, keys: list[tuple[str, str, str]]) -> None:

@@ -6,6 +6,7 @@ DynamoDB item attributes (``externalstore/dynamodb/plans.py``).
 * Items without them (pylance's) have no summary; half a summary is none.
 * A queue ticket or claim time that is not a whole number is dropped, not an
   error: it only times waits, it decides nothing.
+* A cleanup's ``removed_at`` mark round-trips (any number counts).
 """
 
 from __future__ import annotations
@@ -52,3 +53,16 @@ def test_a_queue_mark_that_is_not_a_whole_number_is_dropped() -> None:
     item["queue_ticket"] = {"N": "5.5"}
     item["claimed_at"] = {"N": "-1"}
     assert entry_from_item(item, TARGET, "Query").summary == TransactionSummary("Append", "u-3")
+
+
+def test_a_cleanups_removed_mark_round_trips_and_any_number_counts() -> None:
+    """``removed_at`` (epoch ms) is what cleanup sets on the items it keeps as fences;
+    an item a tool rewrote with a fraction is still marked; pylance's items are not."""
+    marked = ManifestEntry(
+        base_uri="t.lance", version=3, path="t.lance/_versions/x", committer="c", removed_at=5
+    )
+    item = item_from_entry(marked, "lancetx")
+    assert item["removed_at"] == {"N": "5"}
+    assert entry_from_item(item, TARGET, "Query") == marked
+    assert entry_from_item({**item, "removed_at": {"N": "1.5e3"}}, TARGET, "Query").is_removed
+    assert not entry_from_item(item_from_entry(entry(None), "lancedb"), TARGET, "Query").is_removed

@@ -11,7 +11,7 @@ import pytest
 from lance_fixtures import build_history_table, build_simple_table, store_listing
 from pyroaring import BitMap
 
-from lancetx.commit.errors import DeletionFileError, UnsupportedFeatureError
+from lancetx.commit.errors import BasePathError, DeletionFileError, UnsupportedFeatureError
 from lancetx.commit.format import naming
 from lancetx.commit.format.deletion import (
     BITMAP_THRESHOLD,
@@ -226,11 +226,25 @@ def test_wrong_deletion_file_is_a_typed_error_naming_the_file(
     assert store_listing(store) == before
 
 
-def test_deletion_file_under_another_base_is_refused(store: LocalObjectStore) -> None:
-    deletion_file = write_deletion_vector(store, "t", 0, 1, BitMap([1]))
+def test_a_deletion_file_under_a_base_path_is_read_from_that_base(tmp_path: Path) -> None:
+    """A shallow clone's fragments keep their deletion files in the source's folder,
+    registered as a base path: read there when it is in the same store, refused with
+    the reason when the id is not registered, and when the base is in another bucket."""
+    store = LocalObjectStore("/")
+    source = str(tmp_path / "src.lance").lstrip("/")
+    deletion_file = write_deletion_vector(store, source, 0, 1, BitMap([1, 4]))
     deletion_file.base_id = 2
-    with pytest.raises(UnsupportedFeatureError, match="base path id 2"):
-        read_deletion_vector(store, "t", 0, deletion_file)
+    root = table_pb2.BasePath(id=2, path=str(tmp_path / "src.lance"), is_dataset_root=True)
+    clone = str(tmp_path / "clone.lance").lstrip("/")
+    assert read_deletion_vector(store, clone, 0, deletion_file, [root]) == BitMap([1, 4])
+    with pytest.raises(BasePathError, match="base path id 2, which the manifest does not"):
+        read_deletion_vector(store, clone, 0, deletion_file)
+    elsewhere = table_pb2.BasePath(id=2, path="s3://other/src.lance", is_dataset_root=True)
+    with pytest.raises(UnsupportedFeatureError, match="another bucket"):
+        read_deletion_vector(store, clone, 0, deletion_file, [elsewhere])
+    folder = table_pb2.BasePath(id=2, path=str(tmp_path / "src.lance"), is_dataset_root=False)
+    with pytest.raises(BasePathError, match="not a dataset root"):
+        read_deletion_vector(store, clone, 0, deletion_file, [folder])
 
 
 def test_snapshot_counts_deletions_from_the_file_when_the_manifest_lacks_the_count(

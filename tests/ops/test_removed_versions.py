@@ -134,8 +134,12 @@ def test_once_the_fences_are_deleted_the_gap_below_the_oldest_kept_version_is_no
     table = _tagged_table(legacy_aws, bucket, ddb_table_name)
     ops = open_table(table.uri, table.options)
     report = cleanup_versions(ops, keep_versions=2, items_older_than=timedelta(0))
-    assert report.removed_versions == [1, 3, 4] and report.items_deleted == [1, 3, 4]
-    assert [int(i["version"]["N"]) for i in table.items()] == [2, 5, 6]
+    # Only the item below the oldest kept version goes: those of 3 and 4, above the
+    # tagged 2, are the record that they were removed (once the tag is gone, nothing
+    # else tells them from lost versions).
+    assert report.removed_versions == [1, 3, 4] and report.items_deleted == [1]
+    assert report.items_kept_as_fence == [3, 4]
+    assert [int(i["version"]["N"]) for i in table.items()] == [2, 3, 4, 5, 6]
 
     verified = verify_table(ops)
     assert verified.ok, verified.findings
@@ -145,6 +149,13 @@ def test_once_the_fences_are_deleted_the_gap_below_the_oldest_kept_version_is_no
     opened = lancetx.open(table.uri, table.options)
     assert [v.version for v in opened.history()] == [2, 5, 6]
     assert opened.append(pa.table(batch("w", 9, 1))) == 7
+    lance.dataset(table.uri, storage_options=table.options).tags.delete("gold")
+    assert verify_table(ops).ok
+    report = cleanup_versions(ops, keep_versions=2, items_older_than=timedelta(0))
+    assert report.ok and report.removed_versions == [2, 5]
+    assert report.items_deleted == [2, 3, 4, 5]
+    assert [int(i["version"]["N"]) for i in table.items()] == [6, 7]
+    assert verify_table(ops).ok
 
 
 def test_versions_pylances_own_cleanup_removed_are_skipped_too(

@@ -57,6 +57,7 @@ from lancetx.externalstore.base import AsyncExternalManifestStore, ExternalManif
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.dynamodb.config import DynamoDBConfig, make_client
 from lancetx.externalstore.dynamodb.store import create_table
+from lancetx.externalstore.dynamodb.store_schema import remember_stamp, stamp_key
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import (
     CommitOutcome,
@@ -358,8 +359,14 @@ def _text(value: Any) -> str:
 
 
 def ensure_ddb_table(endpoint_options: Mapping[str, str], name: str) -> None:
-    """Create (and validate) the Lance-layout DynamoDB table ``name``."""
-    create_table(make_client(DynamoDBConfig.from_options(endpoint_options)), name)
+    """Create (and validate) the Lance-layout DynamoDB table ``name``, without the
+    layout stamp: a store as pylance users make it (the AWS CLI, Terraform), which
+    lancetx must work with as is. (``create_table`` stamps the stores it makes:
+    ``tests/externalstore/test_create_table_stamp.py``.)"""
+    client = make_client(DynamoDBConfig.from_options(endpoint_options))
+    create_table(client, name)
+    client.delete_item(TableName=name, Key=stamp_key())
+    remember_stamp(client, name, None)
 
 
 def ddb_uri(bucket: str, path: str, table: str) -> str:

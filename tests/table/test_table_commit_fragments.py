@@ -99,3 +99,50 @@ def test_idempotency_since_skips_the_versions_before_it(tmp_path: Path) -> None:
     assert (first.version, again.version, again.deduplicated) == (1, 1, True)
     # A caller that knows the key cannot be in version 1 or before is believed.
     assert commit(1).version == 2
+
+
+def test_the_async_table_has_every_public_member_of_the_sync_one() -> None:
+    import lancetx.aio
+
+    sync = {n for n in dir(lancetx.Table) if not n.startswith("_")}
+    asynchronous = {n for n in dir(lancetx.aio.AsyncTable) if not n.startswith("_")}
+    assert sync - asynchronous == set()
+
+
+def test_an_async_table_commits_fragments_creates_the_table_and_walks_history(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    import lancetx.aio
+
+    uri = str(tmp_path / "t.lance")
+    data = pa.table({"id": [1, 2]})
+
+    async def main() -> tuple[list[int], list[int], bool, bool]:
+        async with await lancetx.aio.open(uri, missing_ok=True) as table:
+            existed = table.exists
+            table.check_fragment_schema(data.schema)  # nothing to match yet: no error
+            first = await table.commit_fragments(
+                _fresh(uri, data), schema=data.schema, fresh_field_ids=True, idempotency_key="k1"
+            )
+            more = pa.table({"id": [3]})
+            second = await table.commit_fragments(
+                _fresh(uri, more), schema=more.schema, fresh_field_ids=True
+            )
+            again = await table.commit_fragments(
+                _fresh(uri, data), schema=data.schema, fresh_field_ids=True, idempotency_key="k1"
+            )
+            walked = [info.version async for info in table.walk_history()]
+            return (
+                [first.version, second.version, again.version],
+                walked,
+                existed,
+                again.deduplicated,
+            )
+
+    versions, walked, existed, deduplicated = asyncio.run(main())
+    assert not existed
+    assert versions == [1, 2, 1] and deduplicated
+    assert walked == [2, 1]
+    assert _rows(uri) == [{"id": 1}, {"id": 2}, {"id": 3}]

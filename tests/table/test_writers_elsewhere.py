@@ -14,7 +14,7 @@ import pytest
 from lance.fragment import write_fragments
 
 import lancetx
-import lancetx.history
+import lancetx.version_history
 from lancetx.errors import (
     ColumnMismatchError,
     CommitStateUnknownError,
@@ -80,16 +80,16 @@ def test_walk_history_is_newest_first_and_reads_only_as_far_as_asked(
         table.append(pa.table({"id": [n]}, schema=SCHEMA), properties={"n": str(n)})
     fresh = lancetx.open(uri)
     read: list[int] = []
-    real = lancetx.history.load_versions
+    real = lancetx.version_history.load_versions
 
-    def counting(handler: Any, base: str, locations: list[Any]) -> Any:
+    def counting(handler: Any, base: str, locations: list[Any], **kwargs: Any) -> Any:
         read.extend(loc.version for loc in locations)
-        return real(handler, base, locations)
+        return real(handler, base, locations, **kwargs)
 
-    monkeypatch.setattr(lancetx.history, "load_versions", counting)
+    monkeypatch.setattr(lancetx.version_history, "load_versions", counting)
     newest = next(iter(fresh.walk_history()))
     assert newest.version == 20 and newest.properties["n"] == "19" and newest.rows == 20
-    assert len(read) <= lancetx.history.HISTORY_PARALLELISM  # one batch, not 20 versions
+    assert len(read) <= lancetx.version_history.HISTORY_PARALLELISM  # one batch, not 20 versions
     assert [v.version for v in fresh.walk_history(since=15)] == [20, 19, 18, 17, 16]
     assert [v.version for v in fresh.history()] == list(range(1, 21))
     assert [v.rows for v in fresh.history()][:3] == [1, 2, 3]

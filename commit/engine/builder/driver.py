@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from lancetx.commit.engine.builder.bases import check_base_ids
 from lancetx.commit.engine.builder.common import (
     FLAG_STABLE_ROW_IDS,
     BuiltManifest,
@@ -20,7 +21,7 @@ from lancetx.commit.engine.builder.fragment_ids import (
     update_max_fragment_id,
 )
 from lancetx.commit.engine.builder.ops import OPERATIONS
-from lancetx.commit.engine.builder.ops.clone import raise_clone
+from lancetx.commit.engine.builder.ops.clone import apply_clone
 from lancetx.commit.engine.builder.ops.restore import apply_restore
 from lancetx.commit.engine.builder.state import BuildState
 from lancetx.commit.format.versioning import writer_version
@@ -39,9 +40,11 @@ def build_manifest(
     version: int,
     transaction_file: str,
     restore_source: tuple[Manifest, Sequence[IndexMetadata]] | None = None,
+    clone_source: tuple[Manifest, Sequence[IndexMetadata]] | None = None,
     now: datetime | None = None,
     data_storage_version: str | None = None,
     enable_stable_row_ids: bool = False,
+    frag_reuse_index: IndexMetadata | None = None,
 ) -> BuiltManifest:
     """Build the manifest of ``version`` by applying ``txn`` to ``previous``.
 
@@ -50,11 +53,15 @@ def build_manifest(
     by the caller, normally ``previous.version + 1``), ``transaction_file`` the
     name written to ``_transactions/`` (``""`` when only an inline transaction
     is written: writer flag 32 is then set, as Lance does). For Restore,
-    ``restore_source`` is the restored version's manifest and indices. ``now``
+    ``restore_source`` is the restored version's manifest and indices; for Clone,
+    ``clone_source`` is the cloned version's (of the source table). ``now``
     defaults to the current UTC time. ``data_storage_version`` is the data
     storage version the writer requested (Lance's ``WriteParams``): it is checked
     against a new table's data files and replaces the format on Overwrite.
     ``enable_stable_row_ids`` turns stable row ids on for a new table.
+    ``frag_reuse_index`` is the fragment reuse index a Rewrite that defers index
+    remapping carries (Lance keeps it in memory, never in the transaction): it
+    replaces the table's one in the new version.
 
     Raises InvalidTransactionError when the transaction does not fit
     ``previous``, UnsupportedTransactionError / UnsupportedFeatureError for a
@@ -69,9 +76,11 @@ def build_manifest(
             version=version,
             transaction_file=transaction_file,
             restore_source=restore_source,
+            clone_source=clone_source,
             now=now,
             data_storage_version=data_storage_version,
             enable_stable_row_ids=enable_stable_row_ids,
+            frag_reuse_index=frag_reuse_index,
         )
     )
 
@@ -95,8 +104,8 @@ def build(state: BuildState) -> BuiltManifest:
     if state.op_key == "restore":
         return apply_restore(state)
     if state.op_key == "clone":
-        raise_clone(state)
-    return build_regular(state)
+        return check_base_ids(state, apply_clone(state))
+    return check_base_ids(state, build_regular(state))
 
 
 def build_regular(state: BuildState) -> BuiltManifest:

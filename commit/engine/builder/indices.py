@@ -173,6 +173,10 @@ def handle_rewrite_indices(
         # version stay those of the index being remapped.
         del target.files[:]
         target.files.extend(copy_message(f) for f in item.new_index_files)
+        # The remapped files are written in the table's own _indices/, wherever the
+        # old ones were (an index a shallow clone reads from its source). pylance 14
+        # keeps the old base id, and the index then names files that are not there.
+        target.ClearField("base_id")
 
 
 def update_mem_wal_merged_generations(

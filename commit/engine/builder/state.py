@@ -40,9 +40,11 @@ class BuildState:
         version: int,
         transaction_file: str,
         restore_source: tuple[Manifest, Sequence[IndexMetadata]] | None,
+        clone_source: tuple[Manifest, Sequence[IndexMetadata]] | None = None,
         now: datetime | None,
         data_storage_version: str | None,
         enable_stable_row_ids: bool,
+        frag_reuse_index: IndexMetadata | None = None,
     ) -> None:
         self.previous = previous
         self.previous_indices = [copy_message(i) for i in previous_indices]
@@ -50,6 +52,7 @@ class BuildState:
         self.version = version
         self.transaction_file = transaction_file
         self.restore_source = restore_source
+        self.clone_source = clone_source
         if now is None:
             now = datetime.now(UTC)
         elif now.tzinfo is None:
@@ -57,6 +60,7 @@ class BuildState:
         self.now = now
         self.requested_storage_version = data_storage_version
         self.enable_stable_row_ids = enable_stable_row_ids
+        self.frag_reuse_index = frag_reuse_index
         op = txn.WhichOneof("operation")
         self.op_key = op or ""
         self.op_name = op_name(op) if op else "(no operation)"

@@ -1,8 +1,14 @@
-"""Rewrite (compaction): groups of old fragments replaced by new ones; index bitmaps moved or remapped."""
+"""Rewrite (compaction): groups of old fragments replaced by new ones; index bitmaps
+moved or remapped; a deferred remap's fragment reuse index put in place."""
 
 from __future__ import annotations
 
-from lancetx.commit.engine.builder.common import fragment_bitmap, set_bitmap
+from lancetx.commit.engine.builder.common import (
+    FRAG_REUSE_INDEX_NAME,
+    copy_message,
+    fragment_bitmap,
+    set_bitmap,
+)
 from lancetx.commit.engine.builder.fragment_ids import (
     assign_ids,
     existing,
@@ -53,4 +59,15 @@ def apply_rewrite(state: BuildState) -> list[DataFragment]:
         handle_rewrite_indices(state, op.rewritten_indices, assigned_groups, remap=False)
     else:
         handle_rewrite_indices(state, op.rewritten_indices, assigned_groups, remap=True)
+    reuse = state.frag_reuse_index
+    if reuse is not None:
+        # A compaction that defers remapping: its fragment reuse index (the table's
+        # one with this rewrite's version added) replaces the table's.
+        if reuse.name != FRAG_REUSE_INDEX_NAME:
+            raise state.fail(
+                f"the Rewrite's fragment reuse index is named {reuse.name!r}, "
+                f"not {FRAG_REUSE_INDEX_NAME!r}"
+            )
+        state.indices = [i for i in state.indices if i.name != reuse.name]
+        state.indices.append(copy_message(reuse))
     return fragments
