@@ -2,8 +2,12 @@
 
 One embedded moto server (legacy S3 + DynamoDB). A table with ``--fragments``
 fragments (default 1,000) is created by pylance. Per round: the latest version
-``v0`` is noted, another writer commits ``--behind`` appends (default 128), and
-then a *fresh child process* per system commits one append planned at ``v0``:
+``v0`` is noted, another writer commits ``--behind`` appends (default 128) —
+``--history lancetx`` (default): a lancetx writer, whose DynamoDB items carry
+lancetx's summaries; ``--history pylance``: a pylance writer (``ds.insert`` on a
+held dataset), whose items carry Lance's attributes only, so every version must
+be read — and then a *fresh child process* per system commits one append
+planned at ``v0``:
 
 * ``lancetx`` — ``commit_transaction(handler, base, Append(read_version=v0))``
   (the latest version is resolved, the K transactions loaded and checked);
@@ -15,9 +19,12 @@ its data files), then signals, and the commit alone is measured: wall time,
 the child's CPU seconds (``time.process_time``: all its threads, pylance's Rust
 ones included; the server runs in the parent, so its CPU is not counted) and
 the requests the server saw. Rounds alternate which system commits first (the
-second one is ``behind + 1`` versions behind).
+second one is ``behind + 1`` versions behind). The ratios are paired: lancetx /
+pylance within each round, then the median over the rounds; the load average
+at start and end is printed with them.
 
-Run: ``python benchmarks/conflict_check.py [--behind 128] [--fragments 1000] [--rounds 2]``.
+Run: ``python benchmarks/conflict_check.py [--history lancetx|pylance] [--behind 128]
+[--fragments 1000] [--rounds 2]``.
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ def child(system: str, uri: str, options: dict[str, str], read_version: int) -> 
         if profile:
             import cProfile
 
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.process_time)
             done = profiler.runcall(commit_transaction, conn.handler, conn.base, txn)
             profiler.dump_stats(profile)
         else:
@@ -142,6 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--behind", type=int, default=128, help="versions committed meanwhile")
     parser.add_argument("--fragments", type=int, default=1000, help="fragments in the table")
     parser.add_argument("--rounds", type=int, default=2, help="rounds (alternating order)")
+    parser.add_argument(
+        "--history",
+        choices=("lancetx", "pylance"),
+        default="lancetx",
+        help="who writes the versions in between (pylance: items without lancetx summaries)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--child-uri", help=argparse.SUPPRESS)
@@ -154,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     results: list[dict[str, Any]] = []
+    load_start = os.getloadavg()
     with EmbeddedAws(legacy_s3=True) as aws:
         bench = start_bench(aws)
         uri = bench.ddb_uri(unique_name("behind"))
@@ -168,8 +182,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 assert parent is not None
                 v0 = parent.version
                 held = parent
-                for seq in range(args.behind):
-                    held = lancetx_append(conn, batch("meanwhile", round_ * 10_000 + seq, 1), held)
+                if args.history == "pylance":
+                    ds = lance.dataset(uri, storage_options=options)
+                    for seq in range(args.behind):
+                        ds.insert(batch("meanwhile", round_ * 10_000 + seq, 1))
+                    held_parent = load_parent(conn.handler, conn.base)
+                    assert held_parent is not None
+                    held = held_parent
+                    # The premise of this mode: pylance's items carry no lancetx summary.
+                    assert held.location.summary is None, held.location
+                else:
+                    for seq in range(args.behind):
+                        held = lancetx_append(
+                            conn, batch("meanwhile", round_ * 10_000 + seq, 1), held
+                        )
                 order = SYSTEMS if round_ % 2 == 0 else tuple(reversed(SYSTEMS))
                 for system in order:
                     result = measure(system, uri, options, v0, counter)
@@ -198,15 +224,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ", ".join(f"{op} {n / len(runs):g}" for op, n in sorted(ops.items())),
             ]
         )
-    lx, py = by_system["lancetx"], by_system["pylance"]
-    ratio_t = statistics.median(r["seconds"] for r in lx) / statistics.median(
-        r["seconds"] for r in py
-    )
-    ratio_c = statistics.median(r["cpu_seconds"] for r in lx) / statistics.median(
-        r["cpu_seconds"] for r in py
-    )
+    load_end = os.getloadavg()
+    # Paired: lancetx / pylance within each round (same table, same moment), then the median.
+    pairs = [
+        (lx, py)
+        for round_ in range(args.rounds)
+        for lx in results
+        if lx["round"] == round_ and lx["system"] == "lancetx"
+        for py in results
+        if py["round"] == round_ and py["system"] == "pylance"
+    ]
+    ratio_t = statistics.median(lx["seconds"] / py["seconds"] for lx, py in pairs)
+    ratio_c = statistics.median(lx["cpu_seconds"] / py["cpu_seconds"] for lx, py in pairs)
     print(
-        f"### A commit {args.behind} versions behind, table of "
+        f"### A commit {args.behind} versions behind a history {args.history} wrote, table of "
         f"{results[-1]['fragments']} fragments\n"
     )
     print(
@@ -215,13 +246,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows_out,
         )
     )
-    print(f"\nlancetx / pylance: time {ratio_t:.2f}x, CPU {ratio_c:.2f}x")
+    print(
+        f"\nlancetx / pylance, median of {len(pairs)} paired rounds: time {ratio_t:.2f}x, "
+        f"CPU {ratio_c:.2f}x (load average {' '.join(f'{x:.2f}' for x in load_start)} -> "
+        f"{' '.join(f'{x:.2f}' for x in load_end)})"
+    )
     if args.json:
         write_json(
             args.json,
             {
                 "benchmark": "conflict_check",
                 "behind": args.behind,
+                "history": args.history,
+                "load_average": {"start": load_start, "end": load_end},
                 "environment": environment(),
                 "results": results,
                 "ratio_time": ratio_t,

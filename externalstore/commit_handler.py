@@ -38,6 +38,7 @@ from lancetx.commit.format.manifest import (
     check_reader_flags,
     decode_manifest,
     read_manifest_at,
+    read_manifest_bulk_async,
 )
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
@@ -441,16 +442,19 @@ class ExternalStoreCommitHandler(_CommitSteps, CommitHandler):
         """Onboard a table without entries now (see :func:`protocol.onboard_steps`)."""
         return self._run(onboard_steps(_table(base), self.store, committer=self.committer), base)
 
-    def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+    def read_manifest(
+        self, base: str, location: ManifestLocation, *, bulk: bool = False
+    ) -> ManifestFile:
         """The manifest an item points at, refusing what the item cannot vouch for.
 
         A staged manifest gone meanwhile is finalized (or reported wedged); a
         missing, corrupt, other-version or other-size manifest is a typed error
         naming the item (:mod:`.identity`), or a TableCollisionError when it
         belongs to another bucket's table. Nothing is written or deleted.
+        ``bulk``: see :meth:`CommitHandler.read_manifest` (the same checks apply).
         """
         try:
-            manifest = read_manifest_at(self.store, location)
+            manifest = read_manifest_at(self.store, location, bulk=bulk)
         except ObjectNotFoundError as exc:
             if location.alternate_key is None:
                 raise self._explain(base, location, exc) from exc
@@ -551,10 +555,17 @@ class AsyncExternalStoreCommitHandler(_CommitSteps, AsyncCommitHandler):
             onboard_steps(_table(base), self.store, committer=self.committer), base
         )
 
-    async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+    async def read_manifest(
+        self, base: str, location: ManifestLocation, *, bulk: bool = False
+    ) -> ManifestFile:
         """See :meth:`ExternalStoreCommitHandler.read_manifest` (one GET of the whole file)."""
         try:
-            manifest = await self._read(location.key)
+            found = (
+                await read_manifest_bulk_async(self.store, location.key, location.size)
+                if bulk
+                else None
+            )
+            manifest = found if found is not None else await self._read(location.key)
         except ObjectNotFoundError as exc:
             if location.alternate_key is None:
                 raise await self._explain(base, location, exc) from exc

@@ -76,6 +76,8 @@ from lancetx.writer import AsyncTableWriter, TableWriter
 if TYPE_CHECKING:
     from lance import LanceDataset
 
+    from lancetx.changes import FragmentRows, VersionChange
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -433,6 +435,15 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
             enable_stable_row_ids=enable_stable_row_ids,
         )
         return await self._run_result(*verb)
+
+    async def changes(self, since: int, until: int | None = None) -> list[VersionChange]:
+        """What each version ``since+1 .. until`` did to the rows (see
+        :meth:`lancetx.Table.changes`)."""
+        return await asyncio.to_thread(self._sync.changes, since, until)
+
+    async def fragment_rows(self) -> list[FragmentRows]:
+        """The fragments of :attr:`version` with their live rows."""
+        return await asyncio.to_thread(self._sync.fragment_rows)
 
 
 @checked

@@ -37,7 +37,8 @@ bracket this module)::
     ├── MissingExtraError                  [commit] an extra's packages are absent (also an ImportError)
     ├── DatasetNotFoundError               [commit] no Lance table at the URI
     ├── VersionNotFoundError               [commit] no such version
-    │   └── TagTargetRemovedError          a cleanup removed the version while it was being tagged
+    │   ├── TagTargetRemovedError          a cleanup removed the version while it was being tagged
+    │   └── VersionsRemovedError           a cleanup removed versions whose changes were still to be read
     ├── CommitError                        [commit] committing a transaction failed
     │   ├── CommitConflictError            a transaction committed since ours conflicts with it
     │   │   ├── RetryableConflictError *   re-planned on the new version, the result is the same
@@ -117,7 +118,10 @@ bracket this module)::
     │   └── UnknownSparkOptionError        an option name we do not know
     ├── SparkSchemaError                   Spark: a column that does not fit the table
     │   └── UnsupportedSparkTypeError      a Spark type Lance cannot hold
-    └── SparkSetupError                    Spark cannot be made to find the data source
+    ├── SparkSetupError                    Spark cannot be made to find the data source
+    └── StreamSourceError                  Spark streaming read: the stream cannot go past a version
+        ├── StreamChangeCommitError        the version deleted or changed rows (skipChangeCommits skips it)
+        └── StreamSchemaChangedError       the version dropped a column the stream reads (restart the query)
 """
 
 from __future__ import annotations
@@ -510,6 +514,48 @@ class TagTargetRemovedError(VersionNotFoundError):
         )
 
 
+def version_ranges(versions: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` → ``"3-5, 9"``."""
+    ordered = sorted(set(versions))
+    parts: list[str] = []
+    start = prev = None
+    for v in [*ordered, None]:
+        if v is not None and prev is not None and v == prev + 1:
+            prev = v
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = v
+    return ", ".join(parts)
+
+
+class VersionsRemovedError(VersionNotFoundError):
+    """Versions whose changes were still to be read (``Table.changes``, a Spark stream)
+    were removed by a cleanup: the rows they appended or changed cannot be read any
+    more. ``versions`` lists them; ``oldest`` is the oldest version after them that
+    is still there (None if none is)."""
+
+    def __init__(
+        self, uri: str, versions: Sequence[int], oldest: int | None, advice: str = ""
+    ) -> None:
+        self.uri = uri
+        self.versions = sorted(versions)
+        self.version = self.versions[0]
+        self.oldest = oldest
+        after = f"; the oldest version after them is {oldest}" if oldest is not None else ""
+        default = (
+            f"read its changes from version {oldest} on (Table.changes(since={oldest - 1}))"
+            if oldest is not None
+            else "read the table as it is now"
+        )
+        LancetxError.__init__(
+            self,
+            f"version(s) {version_ranges(self.versions)} of table {uri!r} were removed by a "
+            f"cleanup, so the rows they appended or changed cannot be read any more{after}. "
+            f"{advice or default[0].upper() + default[1:]}",
+        )
+
+
 # ----------------------------------- maintenance (lancetx.ops, lancetx-sync)
 
 
@@ -619,6 +665,59 @@ class SparkSchemaError(LancetxError):
 
 class UnsupportedSparkTypeError(SparkSchemaError):
     """A Spark type with no faithful Lance/Arrow representation (intervals, void, variant)."""
+
+
+class StreamSourceError(LancetxError):
+    """A streaming read (``spark.readStream.format("lancetx")``) cannot go past
+    ``version`` of ``uri``; the rows of the versions before it were delivered."""
+
+    def __init__(self, uri: str, version: int, message: str) -> None:
+        self.uri = uri
+        self.version = version
+        super().__init__(message)
+
+
+class StreamChangeCommitError(StreamSourceError):
+    """A version the stream reached deleted or changed rows (a delete, an update, a
+    merge that updates or deletes, an overwrite, a restore, new columns): a stream
+    of appended rows cannot pass that on. ``operation`` names it, ``detail`` says
+    what it did; the options that skip such versions are named in the message."""
+
+    def __init__(
+        self, uri: str, version: int, operation: str | None, detail: str, deletes_only: bool
+    ) -> None:
+        self.operation = operation
+        self.detail = detail
+        skip = "skipChangeCommits=true (skips every version that deletes or changes rows"
+        if deletes_only:
+            skip = "ignoreDeletes=true (skips versions that only delete rows) or " + skip
+        super().__init__(
+            uri,
+            version,
+            f"version {version} of {uri!r} is a {operation or 'commit'} that {detail}: a "
+            "streaming read delivers appended rows and cannot pass deleted or changed rows "
+            f"on. To go on, restart the query with option {skip}, together with any rows "
+            f"they appended), or start a new query (new checkpointLocation) with "
+            f"startingVersion={version + 1}",
+        )
+
+
+class StreamSchemaChangedError(StreamSourceError):
+    """A version after the stream's schema was taken no longer has one of its columns
+    (dropped or renamed): the stream cannot fill it. Restarting the query (same
+    checkpoint) takes the table's schema anew."""
+
+    def __init__(self, uri: str, version: int, operation: str | None, column: str) -> None:
+        self.column = column
+        self.operation = operation
+        super().__init__(
+            uri,
+            version,
+            f"version {version} of {uri!r} ({operation or 'a commit'}) has no column "
+            f"{column!r}, which this stream reads: it was dropped or renamed after the query "
+            "started. Restart the query (the same checkpointLocation): it reads on with the "
+            "table's schema as it is then",
+        )
 
 
 class JobCommitUnknownError(CommitStateUnknownError):
@@ -739,6 +838,9 @@ __all__ = [
     "SparkSetupError",
     "StorageOptionError",
     "StoreSchemaTooNewError",
+    "StreamChangeCommitError",
+    "StreamSchemaChangedError",
+    "StreamSourceError",
     "TableCollisionError",
     "TableError",
     "TableExistsError",
@@ -767,6 +869,7 @@ __all__ = [
     "UntrustedReferenceError",
     "VersionAlreadyExistsError",
     "VersionNotFoundError",
+    "VersionsRemovedError",
     "WedgedTableError",
     "WedgedVersionError",
     "WriterClosedError",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from lance import LanceDataset
 
+    from lancetx.changes import FragmentRows, VersionChange
     from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags
     from lancetx.tags import Tags
     from lancetx.verbs.cloning import ClonePlan
@@ -561,6 +562,27 @@ class Table(TableVerbs[int]):
         item on an ``s3+ddb://`` table (also when cleanup has removed that version),
         else from the table's history, every version of it."""
         return self._state.find_idempotency_key(key)
+
+    def changes(self, since: int, until: int | None = None) -> list[VersionChange]:
+        """What each version ``since+1 .. until`` (default: :attr:`version`) did to the
+        rows, oldest first: the fragments it appended (by id, with their rows: read them
+        at that version), or that it changed no rows (compaction, an index, config), or
+        that it deleted or changed rows (see :mod:`lancetx.changes`). One GET per
+        version, in parallel. VersionsRemovedError names versions of the range a
+        cleanup removed; VersionNotFoundError a version not committed yet."""
+        from lancetx.changes import load_changes
+
+        conn = self._state.conn
+        last = self.version if until is None else until
+        return load_changes(self.uri, conn.handler, conn.base, since, last)
+
+    def fragment_rows(self) -> list[FragmentRows]:
+        """The fragments of :attr:`version`, by id, with their live rows (from the
+        manifest: no data is read)."""
+        from lancetx.changes import fragment_rows
+
+        manifest = self._state.parent_at(self.version).manifest.manifest
+        return [fragment_rows(f) for f in sorted(manifest.fragments, key=lambda f: f.id)]
 
     @property
     def data_storage_version(self) -> str | None:

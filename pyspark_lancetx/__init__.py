@@ -8,6 +8,7 @@ Spark finds a top-level module named ``pyspark_<name>`` exposing
         .save("s3+ddb://bucket/events.lance?ddbTableName=lance_manifests")
     spark.read.format("lancetx").option("version", 3).load(uri)
     df.writeStream.format("lancetx").option("checkpointLocation", ckpt).start(uri)
+    spark.readStream.format("lancetx").option("startingVersion", 1).load(uri)  # appended rows
 
 Importing this package on the driver makes sure a local session's workers find
 it (:mod:`pyspark_lancetx.workers`): before the session starts it sets
@@ -15,7 +16,8 @@ it (:mod:`pyspark_lancetx.workers`): before the session starts it sets
 package; after, it registers the source with the session explicitly and logs a
 warning. :func:`register` does that on demand.
 Each write job commits ONE version; :func:`last_commit` finds it afterwards
-(Spark gives the job no return value). Options: :mod:`pyspark_lancetx.options`.
+(Spark gives the job no return value). Options: :mod:`pyspark_lancetx.options`; the
+streaming source: :mod:`pyspark_lancetx.stream_source`.
 
 Importing this package imports neither pyspark nor pylance: ``DefaultSource``
 is loaded on first access, and pylance only inside the tasks.

@@ -1,4 +1,4 @@
-"""The ``lancetx`` Spark data source: batch writes, streaming writes, reads.
+"""The ``lancetx`` Spark data source: batch writes, streaming writes, reads, streaming reads.
 
 Spark runs the pieces in different Python processes, none of them the
 driver's: ``writer()``/``reader()`` in a planning worker, ``write()``/``read()``
@@ -15,13 +15,16 @@ the commit, which alone knows whether a version may reference them.
 
 Read path: the version is resolved once, when Spark asks for the schema, and
 the DataFrame stays on it. One Spark partition per group of fragments.
+
+Streaming reads (the rows each new version appends, micro-batch by micro-batch):
+:mod:`pyspark_lancetx.stream_source`.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
@@ -42,9 +46,9 @@ from pyspark_lancetx.commit import (
     keep_after_failed_commit,
     stream_batch_key,
 )
-from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError
+from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError, UnknownSparkOptionError
 from pyspark_lancetx.filters import conjunction, translate
-from pyspark_lancetx.options import ReadOptions, WriteOptions
+from pyspark_lancetx.options import ReadOptions, StreamReadOptions, WriteOptions
 from pyspark_lancetx.schema import (
     conform_read_batch,
     read_spark_schema,
@@ -428,6 +432,24 @@ def _resolve_version(options: ReadOptions) -> tuple[str, int, pa.Schema, dict[st
     return table.data_uri, table.version, table.schema, table.pylance_storage_options
 
 
+def _schema_options(raw: Mapping[str, str | None]) -> ReadOptions:
+    """The options that decide the schema: Spark asks a batch read and a streaming
+    read alike, so a streaming read's options are taken too (at the latest version).
+    Each kind of read then parses its own options strictly."""
+    try:
+        return ReadOptions.parse(raw)
+    except UnknownSparkOptionError as exc:
+        try:
+            stream = StreamReadOptions.parse(raw)
+        except UnknownSparkOptionError as stream_exc:
+            # Neither kind knows it: the kind that has a name close to it tells.
+            guessed = "did you mean" in str(stream_exc) and "did you mean" not in str(exc)
+            raise (stream_exc if guessed else exc) from None
+        return ReadOptions(
+            uri=stream.uri, storage_options=stream.storage_options, columns=stream.columns
+        )
+
+
 def _parse_timestamp(text: str) -> datetime.datetime:
     try:
         value = datetime.datetime.fromisoformat(text)
@@ -464,7 +486,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         pinned: _Pinned | None = getattr(self, "_pinned", None)
         if pinned is not None:
             return pinned
-        options = ReadOptions.parse(self.options)
+        options = _schema_options(self.options)
         data_uri, version, arrow_schema, pylance_options = _resolve_version(options)
         spark_schema = read_spark_schema(arrow_schema, options.uri)
         if options.columns is not None:
@@ -506,6 +528,26 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
         )
         reader_class = LanceTxFilteringReader if _called_for_pushdown() else LanceTxReader
         return reader_class(plan, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from pyspark_lancetx.stream_source import LanceTxStreamReader, StreamPlan
+
+        options = StreamReadOptions.parse(self.options)
+        pinned = self._pin()
+        known = set(StructType.fromJson(_loads(pinned.schema_json)).names)
+        for name in schema.names:
+            if name not in known:
+                raise SparkSchemaError(
+                    options.uri, name, f"not a column of the table {sorted(known)}"
+                )
+        plan = StreamPlan(
+            options=options,
+            schema_json=schema.json(),
+            schema_version=pinned.version,
+            data_uri=pinned.data_uri or options.uri,
+            pylance_options=pinned.pylance_options,
+        )
+        return LanceTxStreamReader(plan)
 
     # ---- writing
 

@@ -36,10 +36,22 @@ Read (``spark.read.format("lancetx")``)
     applied by the scanner); ``rows_per_partition`` (fragments are grouped up
     to this many rows per Spark partition, default 1,000,000);
     ``batch_size`` (rows per Arrow batch, default 8192).
+
+Streaming read (``spark.readStream.format("lancetx")``; Delta's names, which
+Spark users already type, also as ``startingVersion`` …)
+    ``starting_version`` (a version: its rows and every later version's; or
+    ``latest``: only versions after the latest) or ``starting_timestamp`` (from
+    the first version committed at or after it); without either, the table as it
+    is when the query starts, then every later version.
+    ``skip_change_commits`` (skip versions that delete or change rows instead of
+    failing the stream), ``ignore_deletes`` (skip versions that only delete rows);
+    ``max_versions_per_trigger``, ``max_rows_per_trigger`` (rate limits);
+    ``columns``, ``filter``, ``rows_per_partition``, ``batch_size`` as for reads.
 """
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import uuid
 from collections.abc import Mapping
@@ -81,8 +93,32 @@ WRITE_KEYS = frozenset(
 READ_KEYS = frozenset(
     {"version", "timestamp", "columns", "filter", "rows_per_partition", "batch_size"}
 )
+#: Every streaming read option (besides ``storage.<name>``).
+STREAM_READ_KEYS = frozenset(
+    {
+        "starting_version",
+        "starting_timestamp",
+        "skip_change_commits",
+        "ignore_deletes",
+        "max_versions_per_trigger",
+        "max_rows_per_trigger",
+        "columns",
+        "filter",
+        "rows_per_partition",
+        "batch_size",
+    }
+)
 #: Names Delta users know for the same read options (lower-cased, as Spark hands them).
 DELTA_ALIASES = {"versionasof": "version", "timestampasof": "timestamp"}
+#: What each kind of option is called in messages.
+KINDS = {"write": WRITE_KEYS, "read": READ_KEYS, "streaming read": STREAM_READ_KEYS}
+#: A batch read's time travel, given to a streaming read (or the other way round).
+_COUNTERPARTS = {
+    "version": "starting_version",
+    "timestamp": "starting_timestamp",
+    "starting_version": "version",
+    "starting_timestamp": "timestamp",
+}
 
 
 def _aliases(keys: frozenset[str]) -> dict[str, str]:
@@ -97,7 +133,6 @@ def _normalized(
 ) -> dict[str, str]:
     """Spark's option map with aliases resolved; unknown names and empty values refused."""
     aliases = _aliases(keys)
-    other = (READ_KEYS if keys is WRITE_KEYS else WRITE_KEYS) - keys
     out: dict[str, str] = {}
     given_as: dict[str, str] = {}
     for raw_key, raw_value in options.items():
@@ -106,7 +141,7 @@ def _normalized(
         if not (name in keys or name in SPARK_KEYS or key.startswith(prefixes)):
             where = f"{side} {options.get('path')!r}" if options.get("path") else side
             raise UnknownSparkOptionError(
-                str(raw_key), where, _suggestion(key, keys, aliases, prefixes, other)
+                str(raw_key), where, _suggestion(key, keys, aliases, prefixes)
             )
         if raw_value is None or not str(raw_value).strip():
             raise SparkOptionError(
@@ -133,14 +168,19 @@ def _suggestion(
     keys: frozenset[str],
     aliases: Mapping[str, str],
     prefixes: tuple[str, ...],
-    other: frozenset[str],
 ) -> str:
     names = sorted(keys)
-    if key in other or key in _aliases(other):
-        kind, here = ("write", "reads") if keys is READ_KEYS else ("read", "writes")
-        return f"it is a {kind} option; {here} take: " + (
-            ", ".join([*names, *(p + "<name>" for p in prefixes)])
-        )
+    listed = ", ".join([*names, *(p + "<name>" for p in prefixes)])
+    here = next(kind for kind, kind_keys in KINDS.items() if kind_keys is keys)
+    for kind, kind_keys in KINDS.items():
+        if kind_keys is keys:
+            continue
+        other = kind_keys - keys
+        name = _aliases(other).get(key, key)
+        if name in other:
+            counterpart = _COUNTERPARTS.get(name)
+            hint = f"did you mean {counterpart}? " if counterpart in keys else ""
+            return f"it is a {kind} option; {hint}{here}s take: {listed}"
     candidates = [*keys, *aliases, *(p.rstrip(".") for p in prefixes)]
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = ""
@@ -311,6 +351,87 @@ class ReadOptions:
             storage_options=_prefixed(options, STORAGE_PREFIX),
             version=version,
             timestamp=timestamp,
+            columns=columns,
+            filter=options.get("filter") or None,
+            rows_per_partition=_positive_int(options, "rows_per_partition")
+            or DEFAULT_ROWS_PER_PARTITION,
+            batch_size=_positive_int(options, "batch_size") or DEFAULT_BATCH_SIZE,
+        )
+
+
+#: ``starting_version`` value that starts after the latest version.
+LATEST = "latest"
+
+
+def parse_timestamp(option: str, text: str) -> datetime.datetime:
+    """An ISO-8601 time (or date); UTC when it names no zone."""
+    try:
+        value = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise SparkOptionError(
+            option, text, "an ISO-8601 time such as 2026-01-31T12:00:00Z (or a date)"
+        ) from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=datetime.UTC)
+
+
+@dataclass(frozen=True)
+class StreamReadOptions:
+    """Parsed streaming read options (see the module docstring)."""
+
+    uri: str
+    #: Not in the repr (readers and partitions carry these objects): it holds credentials.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    #: A version number, :data:`LATEST`, or None (start with the table as it is).
+    starting_version: int | str | None = None
+    #: ISO-8601 text (checked): start with the first version committed at or after it.
+    starting_timestamp: str | None = None
+    skip_change_commits: bool = False
+    ignore_deletes: bool = False
+    max_versions_per_trigger: int | None = None
+    max_rows_per_trigger: int | None = None
+    columns: tuple[str, ...] | None = None
+    filter: str | None = None
+    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str | None]) -> StreamReadOptions:
+        """Parse Spark's option map; raises SparkOptionError naming a bad option."""
+        options = _normalized(raw, STREAM_READ_KEYS, (STORAGE_PREFIX,), "reading a stream of")
+        starting: int | str | None = None
+        text = options.get("starting_version", "").strip()
+        if text.lower() == LATEST:
+            starting = LATEST
+        elif text:
+            try:
+                starting = int(text)
+            except ValueError:
+                starting = 0
+            if starting <= 0:
+                raise SparkOptionError(
+                    "starting_version", text, "a version (a positive integer) or latest"
+                )
+        timestamp = options.get("starting_timestamp") or None
+        if timestamp is not None:
+            parse_timestamp("starting_timestamp", timestamp)
+            if starting is not None:
+                raise SparkOptionError(
+                    "starting_timestamp",
+                    timestamp,
+                    "either starting_version or starting_timestamp, not both",
+                )
+        columns = None
+        if options.get("columns", "").strip():
+            columns = tuple(c.strip() for c in options["columns"].split(",") if c.strip())
+        return cls(
+            uri=table_uri(options),
+            storage_options=_prefixed(options, STORAGE_PREFIX),
+            starting_version=starting,
+            starting_timestamp=timestamp,
+            skip_change_commits=_flag(options, "skip_change_commits"),
+            ignore_deletes=_flag(options, "ignore_deletes"),
+            max_versions_per_trigger=_positive_int(options, "max_versions_per_trigger"),
+            max_rows_per_trigger=_positive_int(options, "max_rows_per_trigger"),
             columns=columns,
             filter=options.get("filter") or None,
             rows_per_partition=_positive_int(options, "rows_per_partition")

@@ -115,10 +115,13 @@ class ListVersions:
 @dataclass(frozen=True)
 class ReadManifest:
     """The handler's read of the manifest at ``location`` (result: ManifestFile);
-    the handler may check it against what it resolved and explain a failure."""
+    the handler may check it against what it resolved and explain a failure.
+    ``bulk``: one of many reads made together (a catch-up), which the store may
+    send its cheaper way (``ObjectStore.get_tail_bulk``)."""
 
     base: str
     location: ManifestLocation
+    bulk: bool = False
 
 
 @dataclass(frozen=True)
@@ -311,8 +314,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return handler.resolve_version(base, version)
             case ListVersions(base, since):
                 return handler.list_versions(base, since)
-            case ReadManifest(base, location):
-                return handler.read_manifest(base, location)
+            case ReadManifest(base, location, bulk):
+                return handler.read_manifest(base, location, bulk=bulk)
             case ClaimVersion(base, version, manifest, scheme, summary):
                 return handler.commit(base, version, manifest, scheme, summary)
         queue = handler.queue
@@ -339,10 +342,33 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
             # workers that are all busy running its parents.
             return _gathered([one(sub) for sub in subs])
         pool = _shared_pool()
-        outcomes: list[Outcome] = []
-        # At most ``limit`` at once: submit in windows of ``limit``.
-        for lo in range(0, len(subs), limit):
-            outcomes += list(pool.map(_in_pool_thread(one), subs[lo : lo + limit]))
+        outcomes: list[Outcome] = [Outcome()] * len(subs)
+        pending = iter(enumerate(subs))
+        taking = threading.Lock()
+
+        stopped: list[BaseException] = []
+
+        # At most ``limit`` at once, as a sliding window: ``limit`` workers each take
+        # the next sub-step when done with theirs (a slow one holds up no other). An
+        # error that is not a LancetxError (a bug, an interrupt) stops every worker
+        # from taking more, and is raised here once they are all done.
+        def worker(_: object) -> Outcome:
+            while True:
+                with taking:
+                    found = None if stopped else next(pending, None)
+                if found is None:
+                    return Outcome()
+                index, sub = found
+                try:
+                    outcomes[index] = one(sub)
+                except BaseException as exc:
+                    with taking:
+                        stopped.append(exc)
+                    return Outcome()
+
+        list(pool.map(_in_pool_thread(worker), range(min(limit, len(subs)))))
+        if stopped:
+            raise stopped[0]
         return _gathered(outcomes)
 
     # BaseException: the steps record what it interrupted, then re-raise.
@@ -369,7 +395,7 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ResolveLatest: lambda e: handler.resolve_latest(e.base),
         ResolveVersion: lambda e: handler.resolve_version(e.base, e.version),
         ListVersions: lambda e: handler.list_versions(e.base, e.since),
-        ReadManifest: lambda e: handler.read_manifest(e.base, e.location),
+        ReadManifest: lambda e: handler.read_manifest(e.base, e.location, bulk=e.bulk),
         ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme, e.summary),
         TakeTicket: lambda e: queue.take_ticket(e.base) if queue is not None else _nothing(),
         ReadTurns: lambda e: queue.read_turns(e.base) if queue is not None else _nothing(),

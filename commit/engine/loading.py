@@ -208,10 +208,16 @@ def load_listed(
             "them; re-read the table at its latest version and plan the transaction again",
         )
     newest = locations[-1].version
-    loads = [
-        _load_one(names, base, loc, need_manifest=loc.version == newest, known=known)
+    wanted = [
+        loc
         for loc in locations
         if loc.version == newest or not _settled_by_summary(ours, loc.summary)
+    ]
+    # Several reads at once (a catch-up): the store may send them its cheaper way.
+    bulk = len(wanted) > 1
+    loads = [
+        _load_one(names, base, loc, need_manifest=loc.version == newest, known=known, bulk=bulk)
+        for loc in wanted
     ]
     loaded: list[Loaded] = yield Gather(loads, LOAD_PARALLELISM)
     if any(_outsider(ld) for ld in loaded):
@@ -257,6 +263,7 @@ def _load_one(
     *,
     need_manifest: bool,
     known: Parent | None = None,
+    bulk: bool = False,
 ) -> Steps[Loaded]:
     """One committed version's transaction (from the process cache when it was
     loaded before and its manifest is not needed), else from its manifest
@@ -272,7 +279,7 @@ def _load_one(
         if known is not None and known.location == location:
             manifest = known.manifest
         else:
-            manifest = yield ReadManifest(base, location)
+            manifest = yield ReadManifest(base, location, bulk)
     except ObjectNotFoundError:
         raise InvalidCommitError(
             uri,

@@ -27,12 +27,18 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from lancetx.commit.errors import ManifestFormatError, ObjectNotFoundError, UnsupportedFeatureError
+from lancetx.commit.errors import (
+    LancetxError,
+    ManifestFormatError,
+    ObjectNotFoundError,
+    UnsupportedFeatureError,
+)
 from lancetx.commit.format.location import ManifestLocation
-from lancetx.commit.storage.limits import MANIFEST, limits_of, too_large
+from lancetx.commit.storage.limits import MANIFEST, ReadLimits, limits_of, too_large
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2, transaction_pb2
 
@@ -322,13 +328,17 @@ def decode_manifest_tail(buf: bytes, total: int, *, path: str) -> ManifestFile |
         return None
 
 
-def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> ManifestFile:
+def read_manifest(
+    store: ObjectStore, key: str, *, size: int | None = None, bulk: bool = False
+) -> ManifestFile:
     """Read and decode the manifest at ``key``, refusing unknown reader features.
 
     One ``get_tail`` request reads manifests up to 64 KiB (sections included),
     or up to ``size`` when the caller knows the file's size (an external-store
     entry records it); otherwise a larger file takes one more ``get_range`` for
-    the part before the tail. Raises ObjectNotFoundError, ManifestFormatError
+    the part before the tail. ``bulk``: one of many reads made together, which the
+    store may send its cheaper way (``ObjectStore.get_tail_bulk``; its failures are
+    read again the ordinary way). Raises ObjectNotFoundError, ManifestFormatError
     (ManifestTooLargeError for a file over the store's manifest cap, refused before
     more than the cap is read: see :mod:`lancetx.commit.storage.limits`) or
     UnsupportedFeatureError (path = ``store.uri(key)``).
@@ -336,7 +346,9 @@ def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> M
     path = store.uri(key)
     cap = limits_of(store).manifest
     # ``size`` comes from an external-store item: a hint, never a reason to buffer more.
-    buf, total = store.get_tail(key, min(max(PREFETCH_SIZE, size or 0), cap))
+    length = min(max(PREFETCH_SIZE, size or 0), cap)
+    fetched = store.get_tail_bulk(key, length) if bulk else None
+    buf, total = fetched if fetched is not None else store.get_tail(key, length)
     if total > cap:
         raise too_large(path, MANIFEST, total, cap)
     decoded = decode_manifest_tail(buf, total, path=path)
@@ -354,15 +366,53 @@ def read_manifest(store: ObjectStore, key: str, *, size: int | None = None) -> M
     return decoded
 
 
-def read_manifest_at(store: ObjectStore, location: ManifestLocation) -> ManifestFile:
+def read_manifest_at(
+    store: ObjectStore, location: ManifestLocation, *, bulk: bool = False
+) -> ManifestFile:
     """Read the manifest at ``location``, falling back to ``location.alternate_key``
-    when ``key`` is gone (a staged manifest finalized and deleted meanwhile)."""
+    when ``key`` is gone (a staged manifest finalized and deleted meanwhile).
+    ``bulk``: see :func:`read_manifest`."""
     try:
-        return read_manifest(store, location.key, size=location.size)
+        return read_manifest(store, location.key, size=location.size, bulk=bulk)
     except ObjectNotFoundError:
         if location.alternate_key is None:
             raise
-        return read_manifest(store, location.alternate_key, size=location.size)
+        return read_manifest(store, location.alternate_key, size=location.size, bulk=bulk)
+
+
+class BulkTailReader(Protocol):
+    """What :func:`read_manifest_bulk_async` needs of an asyncio store."""
+
+    read_limits: ReadLimits | None
+
+    def uri(self, key: str) -> str: ...
+
+    async def get_tail(self, key: str, length: int) -> tuple[bytes, int]: ...
+
+    async def get_tail_bulk(self, key: str, length: int) -> tuple[bytes, int] | None: ...
+
+
+async def read_manifest_bulk_async(
+    store: BulkTailReader, key: str, size: int | None
+) -> ManifestFile | None:
+    """The manifest at ``key`` read the store's cheaper way (one of many reads made
+    together: see ``AsyncObjectStore.get_tail_bulk``), or None when that did not give
+    a whole, decodable manifest within the cap and of known features: the caller then
+    reads it the ordinary way, which gives the definitive answer or error."""
+    if size is None:
+        return None
+    cap = limits_of(store).manifest
+    fetched = await store.get_tail_bulk(key, min(max(PREFETCH_SIZE, size), cap))
+    if fetched is None or fetched[1] > cap:
+        return None
+    path = store.uri(key)
+    try:
+        decoded = decode_manifest_tail(fetched[0], fetched[1], path=path)
+        if decoded is not None:
+            check_reader_flags(decoded.manifest, path)
+    except LancetxError:
+        return None
+    return decoded
 
 
 def section_positions(
@@ -425,6 +475,7 @@ __all__ = [
     "PREFETCH_SIZE",
     "READER_FLAGS",
     "WRITER_FLAGS",
+    "BulkTailReader",
     "ManifestFile",
     "check_reader_flags",
     "check_writer_flags",
@@ -435,6 +486,7 @@ __all__ = [
     "encode_manifest",
     "read_manifest",
     "read_manifest_at",
+    "read_manifest_bulk_async",
     "section_positions",
     "serialized_for_pylance",
 ]

@@ -19,6 +19,7 @@ from lancetx.commit.format.manifest import (
     check_reader_flags,
     decode_manifest,
     read_manifest_at,
+    read_manifest_bulk_async,
 )
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.handlers.queue import AsyncCommitQueue, CommitQueue
@@ -86,11 +87,15 @@ class CommitHandler(abc.ABC):
         del base, key
         return None
 
-    def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+    def read_manifest(
+        self, base: str, location: ManifestLocation, *, bulk: bool = False
+    ) -> ManifestFile:
         """The manifest at ``location`` (one this handler resolved). A handler that
-        knows where locations come from may check them and explain failures."""
+        knows where locations come from may check them and explain failures.
+        ``bulk``: one of many reads made together (a catch-up), which the store may
+        send its cheaper way (see ``ObjectStore.get_tail_bulk``)."""
         del base
-        return read_manifest_at(self.store, location)
+        return read_manifest_at(self.store, location, bulk=bulk)
 
 
 class AsyncCommitHandler(abc.ABC):
@@ -136,10 +141,16 @@ class AsyncCommitHandler(abc.ABC):
         del base, key
         return None
 
-    async def read_manifest(self, base: str, location: ManifestLocation) -> ManifestFile:
+    async def read_manifest(
+        self, base: str, location: ManifestLocation, *, bulk: bool = False
+    ) -> ManifestFile:
         """See :meth:`CommitHandler.read_manifest` (default: one GET of the whole file,
         refused before its body is read when it is over the manifest cap)."""
         del base
+        if bulk:
+            found = await read_manifest_bulk_async(self.store, location.key, location.size)
+            if found is not None:
+                return found
         try:
             data = await read_capped_async(self.store, location.key, MANIFEST)
             key = location.key

@@ -30,7 +30,7 @@ from botocore.utils import validate_region_name
 
 from lancetx.commit.errors import StorageOptionError
 from lancetx.commit.package_version import NOT_INSTALLED, installed_version
-from lancetx.commit.storage import aws_handlers, aws_model_cache
+from lancetx.commit.storage import aws_handlers, aws_model_cache, aws_user_agent
 
 _lock = threading.Lock()
 _sessions: dict[tuple[str | None, bool], botocore.session.Session] = {}
@@ -139,6 +139,7 @@ def make_client(
                 "dynamodb_region) or the environment variable AWS_REGION"
                 + (f", or fix the region of AWS profile {profile!r}" if profile else "")
             ) from exc
+        aws_user_agent.cache_user_agent(client)
         if setup is not None:
             setup(client)
         _clients[key] = client

@@ -93,38 +93,63 @@ class CachingFileLoader(JSONFileLoader):  # type: ignore[misc]
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
-    def _copy_of(self, source: str) -> Path | None:
-        try:
-            stat = os.stat(source)
-        except OSError:
-            return None
-        key = (
-            f"{source}\0{stat.st_size}\0{stat.st_mtime_ns}\0{sys.version}\0{marshal.version}"
-            f"\0{trim_digest()}"
-        )
+    def _copy_of(self, source: str, *also: str | None) -> Path | None:
+        key = ""
+        for path in (source, *also):
+            if path is None:
+                key += "\0-"
+                continue
+            try:
+                stat = os.stat(path)
+            except OSError:
+                return None
+            key += f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0"
+        key += f"{sys.version}\0{marshal.version}\0{trim_digest()}"
         return self.directory / (hashlib.sha256(key.encode()).hexdigest() + ".marshal")
 
     def load_file(self, file_path: str) -> Any:
         """The data of ``file_path`` + ``.json`` (or ``.json.gz``), as botocore's loader."""
-        source = next((file_path + e for e in _EXTENSIONS if os.path.isfile(file_path + e)), None)
-        copy = self._copy_of(source) if source is not None else None
+        source = _source_of(file_path)
+        path = Path(file_path)
+        service_model = path.name == _SERVICE_MODEL
+        # A service model is trimmed against its endpoint rule set (the same directory):
+        # its copy is keyed by both files.
+        rule_set_path = str(path.parent / _RULE_SET) if service_model else None
+        rule_set_source = _source_of(rule_set_path) if rule_set_path is not None else None
+        copy = (
+            self._copy_of(source, *([rule_set_source] if service_model else []))
+            if source is not None
+            else None
+        )
         if copy is not None:
             try:
                 return marshal.loads(copy.read_bytes())
             except (OSError, EOFError, ValueError, TypeError):
                 pass  # no copy yet (or an unreadable one): parse the JSON and write one
         data = super().load_file(file_path)
-        path = Path(file_path)
-        if isinstance(data, dict) and path.name == _SERVICE_MODEL:
+        if isinstance(data, dict) and service_model:
             # botocore's layout: <data path>/<service>/<API version>/service-2
-            data = trim_service_model(path.parent.parent.name, _plain(data))
+            rule_set = (
+                self.load_file(rule_set_path)
+                if rule_set_path is not None and rule_set_source is not None
+                else None
+            )
+            data = trim_service_model(path.parent.parent.name, _plain(data), rule_set)
         if copy is not None and data is not None:
             _write(copy, data)
         return data
 
 
-#: botocore's name of a service model file.
+#: botocore's names of a service model file and of its endpoint rule set.
 _SERVICE_MODEL = "service-2"
+_RULE_SET = "endpoint-rule-set-1"
+
+
+def _source_of(file_path: str | None) -> str | None:
+    """The file botocore's loader reads for ``file_path`` (None: none exists)."""
+    if file_path is None:
+        return None
+    return next((file_path + e for e in _EXTENSIONS if os.path.isfile(file_path + e)), None)
 
 
 def _write(copy: Path, data: Any) -> None:

@@ -11,7 +11,15 @@ operations and documentation nothing reads. :func:`trim_service_model` keeps:
   operations reach, and every error shape (so ``client.exceptions`` still names each
   of the service's errors);
 * of every service, nothing of the documentation (botocore reads it only to write
-  docstrings: ``help(client.get_object)``).
+  docstrings: ``help(client.get_object)``);
+* of an operation's input, no ``contextParam`` mark that names an endpoint-rule
+  parameter the service's endpoint rule set never reads (:func:`without_unread_context_params`).
+  botocore resolves a request's endpoint by evaluating the rule set with those
+  parameters, and caches the answer by all of them: S3 declares ``Key``, ``Prefix``
+  and ``CopySource`` without any rule reading them, so every object key missed the
+  cache and re-ran the rule set (about a quarter of botocore's CPU for a GET of a
+  new key, measured in ``benchmarks/conflict_check.py``). The endpoint is the same
+  either way, since no rule reads them.
 
 The request each kept operation sends and the answer it parses are exactly
 botocore's: its shapes are unchanged. A call of an operation that was left out
@@ -62,7 +70,7 @@ CLIENT_OPERATIONS: Mapping[str, frozenset[str]] = {
 }
 #: Bump when what :func:`trim_service_model` keeps changes in any way the lists above
 #: do not show: copies made by an older trim are then not read.
-TRIM_FORMAT = 2
+TRIM_FORMAT = 3
 
 #: Where a service model keeps documentation: in the service, each operation and shape,
 #: and each reference to a shape (an operation's input, output and errors; a
@@ -137,9 +145,47 @@ def only_operations(model: dict[str, Any], operations: Iterable[str]) -> dict[st
     return model
 
 
-def trim_service_model(service: str, model: dict[str, Any]) -> dict[str, Any]:
-    """What lancetx's clients of ``service`` are built from (``model`` is changed)."""
-    model = without_documentation(model)
+def rule_set_references(rule_set: Any) -> frozenset[str]:
+    """The parameters an endpoint rule set reads anywhere (its ``{"ref": name}`` nodes)."""
+    found: set[str] = set()
+    pending = [rule_set]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            ref = node.get("ref")
+            if isinstance(ref, str):
+                found.add(ref)
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return frozenset(found)
+
+
+def without_unread_context_params(model: dict[str, Any], rule_set: Any) -> dict[str, Any]:
+    """``model`` (changed in place) without the ``contextParam`` marks of input members
+    whose parameter ``rule_set`` (the service's endpoint rule set) never reads.
+
+    Such a parameter cannot change an endpoint, only the key of botocore's cache of
+    resolved endpoints. A rule set that is not a dict (missing, unreadable) changes
+    nothing; neither do static or operation-level context parameters.
+    """
+    if not isinstance(rule_set, dict) or not isinstance(rule_set.get("parameters"), dict):
+        return model
+    read = rule_set_references(rule_set)
+    shapes: dict[str, Any] = model.get("shapes", {})
+    for operation in model.get("operations", {}).values():
+        shape = shapes.get(str((operation.get("input") or {}).get("shape")), {})
+        for member in shape.get("members", {}).values():
+            param = member.get("contextParam")
+            if isinstance(param, dict) and param.get("name") not in read:
+                del member["contextParam"]
+    return model
+
+
+def trim_service_model(service: str, model: dict[str, Any], rule_set: Any = None) -> dict[str, Any]:
+    """What lancetx's clients of ``service`` are built from (``model`` is changed);
+    ``rule_set``: the service's endpoint rule set, if it has one."""
+    model = without_unread_context_params(without_documentation(model), rule_set)
     operations = CLIENT_OPERATIONS.get(service)
     if operations is None:
         return model
@@ -179,7 +225,9 @@ __all__ = [
     "TRIM_FORMAT",
     "explain_missing_operation",
     "only_operations",
+    "rule_set_references",
     "trim_digest",
     "trim_service_model",
     "without_documentation",
+    "without_unread_context_params",
 ]

@@ -15,7 +15,7 @@ external manifest store.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,6 +76,14 @@ class ObjectStore(abc.ABC):
         """The last ``length`` bytes (fewer if the object is smaller) and the
         object's total size, in one request. Raises ObjectNotFoundError."""
 
+    def get_tail_bulk(self, key: str, length: int) -> tuple[bytes, int] | None:
+        """:meth:`get_tail` for one of many reads made together (a writer catching up
+        on many versions), sent a cheaper way where the store has one; None when it
+        was not read that way (no cheaper way, or any failure): then call
+        :meth:`get_tail`, whose answer or error is the definitive one."""
+        del key, length
+        return None
+
     @abc.abstractmethod
     def head(self, key: str) -> ObjectMeta:
         """Metadata without the body. Raises ObjectNotFoundError."""
@@ -106,3 +114,13 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         """Objects whose key starts with ``prefix`` (a directory prefix should end in ``/``)."""
+
+    def list_page(self, prefix: str, start_after: str = "") -> tuple[Sequence[ObjectMeta], bool]:
+        """One request of :meth:`list`: the objects under ``prefix`` whose keys sort after
+        ``start_after``, in lexical order, as many as one request returns; and whether
+        more may follow. This default serves every object at once, from :meth:`list`
+        (for stores whose listing is not paged: local disk, test doubles)."""
+        found = sorted(
+            (meta for meta in self.list(prefix) if meta.key > start_after), key=lambda m: m.key
+        )
+        return found, False

@@ -19,7 +19,7 @@ function, :func:`translate_s3_error`, which the asyncio store
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -38,6 +38,7 @@ from lancetx.commit.errors import (
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
+from lancetx.commit.storage.s3_lean import lean_gets
 from lancetx.commit.storage.secrets import is_secret_option, remember_secrets
 
 if TYPE_CHECKING:
@@ -710,6 +711,7 @@ class S3ObjectStore(ObjectStore):
             if client is not None
             else (config or S3Config()).create_client(legacy_guard=legacy)
         )
+        self._lean = lean_gets(self._client, bucket)
 
     @property
     def client(self) -> S3Client:
@@ -804,6 +806,12 @@ class S3ObjectStore(ObjectStore):
         data, size = tail_of_response(body, response.get("ContentRange"), length)
         return data, size if size is not None else self.head(key).size
 
+    def get_tail_bulk(self, key: str, length: int) -> tuple[bytes, int] | None:
+        """A lean GET (:mod:`.s3_lean`): signed and sent without botocore's per-request
+        pipeline, at a fraction of its CPU; None on anything but a plain success."""
+        check_key(key)
+        return self._lean.get_tail(key, length)
+
     def head(self, key: str) -> ObjectMeta:
         check_key(key)
         try:
@@ -872,6 +880,18 @@ class S3ObjectStore(ObjectStore):
             if isinstance(mapped, ObjectNotFoundError):
                 return
             raise mapped from exc
+
+    def list_page(self, prefix: str, start_after: str = "") -> tuple[Sequence[ObjectMeta], bool]:
+        """One ListObjectsV2 request (``StartAfter``, ``page_size`` keys at most)."""
+        check_key(prefix, allow_empty=True)
+        try:
+            page = self._client.list_objects_v2(
+                Bucket=self.bucket, Prefix=prefix, MaxKeys=self.page_size, StartAfter=start_after
+            )
+        except Exception as exc:
+            raise self._error(exc, "ListObjectsV2", prefix) from exc
+        found = [meta_from_listing(entry) for entry in page.get("Contents", [])]
+        return found, bool(page.get("IsTruncated"))
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         """ListObjectsV2 pages of ``page_size`` keys, in lexical order, fetched lazily."""

@@ -25,6 +25,7 @@ except ImportError as exc:  # the sync API never imports this module
 
 from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.objectstore import ObjectMeta, StoreCapabilities
+from lancetx.commit.storage.s3_lean import AsyncLeanGets
 from lancetx.commit.storage.s3store import (
     DEFAULT_PAGE_SIZE,
     STREAM_CHUNK,
@@ -72,6 +73,11 @@ class AsyncObjectStore(abc.ABC):
     @abc.abstractmethod
     async def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
         """The last ``length`` bytes and the total size, in one request."""
+
+    async def get_tail_bulk(self, key: str, length: int) -> tuple[bytes, int] | None:
+        """See :meth:`~lancetx.commit.storage.objectstore.ObjectStore.get_tail_bulk`."""
+        del key, length
+        return None
 
     @abc.abstractmethod
     async def head(self, key: str) -> ObjectMeta:
@@ -155,6 +161,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         self._stack: contextlib.AsyncExitStack | None = None
         self._open_lock = asyncio.Lock()
         self._closed = False
+        self._lean: AsyncLeanGets | None = None
 
     def __repr__(self) -> str:
         return f"AsyncS3ObjectStore({self.bucket!r}, legacy={self.legacy})"
@@ -278,6 +285,15 @@ class AsyncS3ObjectStore(AsyncObjectStore):
             return b"", total if total >= 0 else (await self.head(key)).size
         data, size = tail_of_response(body, response.get("ContentRange"), length)
         return data, size if size is not None else (await self.head(key)).size
+
+    async def get_tail_bulk(self, key: str, length: int) -> tuple[bytes, int] | None:
+        """See :meth:`S3ObjectStore.get_tail_bulk`: a lean GET (:mod:`.s3_lean`)."""
+        check_key(key)
+        client = await self.client()
+        lean = self._lean
+        if lean is None or lean.client is not client:
+            lean = self._lean = AsyncLeanGets(client, self.bucket)
+        return await lean.get_tail(key, length)
 
     async def head(self, key: str) -> ObjectMeta:
         """See :meth:`AsyncObjectStore.head`."""

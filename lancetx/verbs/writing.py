@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from lancetx.commit.engine.operations import Append, Merge, Overwrite, Transaction
-from lancetx.commit.errors import BasePathError, ObjectNotFoundError
+from lancetx.commit.errors import BasePathError, LancetxError, ObjectNotFoundError
 from lancetx.commit.format.bases import data_file_key, key_in, parse_base
 from lancetx.commit.format.manifest import FLAG_STABLE_ROW_IDS
 from lancetx.commit.format.naming import DATA_DIR, join, unsafe_relative_path
@@ -431,21 +431,83 @@ def check_in_data_dir(ctx: PlanContext, fragments: Sequence[table_pb2.DataFragme
             else:
                 keys.append((path, ctx.store, join(base, DATA_DIR, normal)))
     if not bad and keys:
-
-        def missing(item: tuple[str, ObjectStore, str]) -> str | None:
-            try:
-                item[1].head(item[2])
-            except ObjectNotFoundError:
-                reasons[item[0]] = f"no object {item[1].uri(item[2])}"
-                return item[0]
-            return None
-
-        with ThreadPoolExecutor(max_workers=min(CHECK_PARALLELISM, len(keys))) as pool:
-            bad = [p for p in pool.map(missing, keys) if p is not None]
+        absent = _absent(keys)
+        for path, store, key in absent:
+            reasons[path] = f"no object {store.uri(key)}"
+        bad = [path for path, _, _ in absent]
     if bad:
         raise ForeignFragmentError(
             ctx.uri, data_dir, bad, registered_bases(registered.values()), reasons
         )
+
+
+_File = tuple[str, ObjectStore, str]
+
+
+def _absent(files: Sequence[_File]) -> list[_File]:
+    """The data files (path, store, key) that are not objects, in order.
+
+    Listed, not asked one by one: the files of one directory are found with as many
+    ListObjectsV2 requests as their keys need pages (one for a table of up to 1,000
+    data files, however many fragments are committed: a HEAD per file made a commit
+    of N fragments cost N requests). Only a file the listing lacks is asked for with
+    a HEAD, so a listing that lags a write can never refuse a file that exists. A
+    store whose listing is not lexical and complete (local disk, a legacy store that
+    may list stale) and a listing refused (no ``s3:ListBucket`` under a registered
+    base path) are asked one file at a time, as before.
+    """
+    groups: dict[tuple[int, str], list[_File]] = {}
+    for item in files:
+        directory = item[2].rsplit("/", 1)[0] + "/" if "/" in item[2] else ""
+        groups.setdefault((id(item[1]), directory), []).append(item)
+    unlisted: list[_File] = []
+    for (_, directory), items in groups.items():
+        store = items[0][1]
+        listable = store.capabilities.lexically_ordered_list and store.capabilities.consistent_list
+        try:
+            listed = _listed(store, directory, [key for _, _, key in items]) if listable else set()
+        except LancetxError:
+            listed = set()  # not listable here: ask for each file
+        unlisted += [item for item in items if item[2] not in listed]
+    if not unlisted:
+        return []
+
+    def missing(item: _File) -> bool:
+        try:
+            item[1].head(item[2])
+        except ObjectNotFoundError:
+            return True
+        return False
+
+    with ThreadPoolExecutor(max_workers=min(CHECK_PARALLELISM, len(unlisted))) as pool:
+        gone = list(pool.map(missing, unlisted))
+    absent = {id(item) for item, lost in zip(unlisted, gone, strict=True) if lost}
+    return [item for item in files if id(item) in absent]
+
+
+def _listed(store: ObjectStore, directory: str, keys: Sequence[str]) -> set[str]:
+    """Which of ``keys`` (all in ``directory``) the store lists: page by page from just
+    before the smallest key not yet settled, so keys far apart in a large directory
+    cost a request each at most, never a walk through everything between them."""
+    wanted = sorted(set(keys))
+    found: set[str] = set()
+    i = 0
+    while i < len(wanted):
+        # Any key sorts after its own prefix: the listing starts at wanted[i] itself.
+        page, more = store.list_page(directory, start_after=wanted[i][:-1])
+        listed = {meta.key for meta in page}
+        last = page[-1].key if page else None
+        settled = i
+        while settled < len(wanted) and (
+            not more or (last is not None and wanted[settled] <= last)
+        ):
+            if wanted[settled] in listed:
+                found.add(wanted[settled])
+            settled += 1
+        if settled == i:
+            break  # an empty page that says more follows: leave the rest to HEADs
+        i = settled
+    return found
 
 
 def registered_bases(bases: Iterable[table_pb2.BasePath]) -> list[str]:

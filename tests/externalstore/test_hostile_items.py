@@ -13,6 +13,8 @@ import pytest
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table, lancetx_append, pylance_create
 
 from lancetx.commit.engine.committer import load_parent
+from lancetx.commit.engine.effects import run
+from lancetx.commit.engine.loading import load_newer
 from lancetx.commit.format.naming import NamingScheme, manifest_key, staged_manifest_key
 from lancetx.demo.embedded import EmbeddedAws
 from lancetx.externalstore.connect import connect
@@ -196,6 +198,11 @@ def test_a_hostile_item_is_refused_naming_item_and_problem(
     # A writer opening the table is refused the same way.
     with pytest.raises(error):
         lancetx_append(conn.handler, conn.base, conn.data_uri, world.options, batch("x", 0, 1))
+    # So is a writer catching up from version 1 (versions 2 and 3 read together, the
+    # catch-up's lean reads: see test_catch_up_reads.py).
+    with pytest.raises(error) as caught_up:
+        run(load_newer(conn.handler.store, conn.base, 1), conn.handler)
+    assert BASE in str(caught_up.value) and problem in str(caught_up.value)
     assert world.state() == before
     # The versions before it are intact.
     older = load_parent(conn.handler, conn.base, 2)

@@ -32,7 +32,7 @@ from protocol_helpers import (
     ensure_ddb_table,
     lancetx_append,
     process_writer,
-    pylance_append,
+    pylance_append_landing,
     pylance_create,
     run_threads,
     verify_history,
@@ -247,7 +247,7 @@ def test_throttling_and_slowdowns_during_concurrent_appends_lose_nothing(shared:
 
     def pylance_writer() -> None:
         for seq in range(APPENDS):
-            pylance_append(shared.uri, shared.options, batch("pylance", seq, ROWS))
+            pylance_append_landing(shared.uri, shared.options, batch("pylance", seq, ROWS))
             tally.add("pylance", seq, ROWS)
 
     targets: list[Any] = [lambda i=i: lancetx_writer(i) for i in range(writers)]

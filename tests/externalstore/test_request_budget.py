@@ -591,3 +591,31 @@ def test_a_keyed_table_append_looks_its_key_up_in_one_get_item_and_one_query(
         assert table.append(batch("t", 9, ROWS), idempotency_key="job-1") == 3
         assert log.operations() == ["GetItem"]
     assert table.count_rows() == 4 * ROWS
+
+
+@pytest.mark.parametrize("door", ["Table.commit", "Table.commit_fragments"])
+def test_committing_n_fragments_written_elsewhere_sends_no_request_per_file(
+    legacy_aws: EmbeddedAws, table_uri: tuple[str, dict[str, str]], door: str
+) -> None:
+    """A commit of fragments written elsewhere checks that their files are objects in
+    the table's data directory with one LIST of it (the table holds fewer than 1,000
+    data files), not a HEAD per file; the commit is the usual six requests."""
+    uri, options = table_uri
+    table = lancetx.open(uri, storage_options=options)
+    fragments = [
+        fragment
+        for seq in range(4)
+        for fragment in lance.fragment.write_fragments(
+            batch("elsewhere", seq, ROWS), table.data_uri, storage_options=options
+        )
+    ]
+    files = sum(len(f.files) for f in fragments)
+    assert files == 4
+    with ServerLog(legacy_aws) as log:
+        if door == "Table.commit":
+            version = table.commit(lance.LanceOperation.Append(fragments))
+        else:
+            version = table.commit_fragments(fragments, schema=batch("x", 0, 1).schema).version
+        assert sorted(log.operations()) == sorted(["ListObjectsV2", *COMMIT])
+    assert version == 2
+    assert lance.dataset(uri, storage_options=options).count_rows() == ROWS * 5

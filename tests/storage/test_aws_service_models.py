@@ -194,3 +194,86 @@ def test_a_model_lacking_a_listed_operation_is_trimmed_to_those_it_has() -> None
     del model["operations"]["CopyObject"]
     trimmed = trim_service_model("s3", model)
     assert set(trimmed["operations"]) == CLIENT_OPERATIONS["s3"] - {"CopyObject"}
+
+
+# ------------------------------------------------------- endpoint rule-set parameters
+
+
+def rule_set(service: str) -> Any:
+    loader = botocore.session.Session().get_component("data_loader")
+    return json.loads(json.dumps(loader.load_service_model(service, "endpoint-rule-set-1")))
+
+
+def context_params(model: dict[str, Any], operation: str) -> set[str]:
+    shape = model["shapes"][model["operations"][operation]["input"]["shape"]]
+    return {
+        member["contextParam"]["name"]
+        for member in shape.get("members", {}).values()
+        if "contextParam" in member
+    }
+
+
+def test_context_params_no_endpoint_rule_reads_are_dropped() -> None:
+    """S3 declares ``Key``, ``Prefix`` and ``CopySource`` as endpoint parameters that no
+    rule reads; the trimmed model no longer passes them (``Bucket`` is read: kept)."""
+    full, rules = full_model("s3"), rule_set("s3")
+    read = {
+        p for p in ("Key", "Prefix", "CopySource", "Bucket") if f'"ref": "{p}"' in json.dumps(rules)
+    }
+    assert read == {"Bucket"}  # what this botocore's S3 rule set reads of them
+    trimmed = trim_service_model("s3", full_model("s3"), rules)
+    for operation in ("GetObject", "HeadObject", "PutObject", "CopyObject", "ListObjectsV2"):
+        assert "Bucket" in context_params(full, operation)
+        assert context_params(trimmed, operation) == {"Bucket"}, operation
+    assert context_params(full, "GetObject") >= {"Bucket", "Key"}
+    # Without a rule set (none found), nothing changes.
+    untouched = trim_service_model("s3", full_model("s3"))
+    assert context_params(untouched, "GetObject") == context_params(full, "GetObject")
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(request: Any, **_: Any) -> None:
+    raise _Stop(request.url)
+
+
+def test_a_get_of_each_new_key_does_not_evaluate_the_rule_set_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore caches a resolved endpoint by its parameters: with ``Key`` among them
+    every new object key evaluated S3's whole rule set again (about a quarter of a
+    GET's CPU). The endpoint is the same either way."""
+    from botocore.endpoint_provider import RuleSet
+
+    evaluations: list[object] = []
+    original = RuleSet.evaluate
+
+    def counted(self: Any, input_parameters: Any) -> Any:
+        evaluations.append(input_parameters)
+        return original(self, input_parameters)
+
+    monkeypatch.setattr(RuleSet, "evaluate", counted)
+    urls = {}
+    for cache in (str(tmp_path), "off"):  # trimmed models, and botocore's whole ones
+        monkeypatch.setenv(CACHE_ENV, cache)
+        client = aws_clients.new_session().create_client(
+            "s3",
+            region_name="eu-west-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        client.meta.events.register("before-send", _stop)
+        evaluations.clear()
+        sent = []
+        for key in ("a/1.manifest", "a/2.manifest", "b c/3+x.manifest"):
+            with pytest.raises(_Stop) as stopped:
+                client.get_object(Bucket="some-bucket", Key=key)
+            sent.append(str(stopped.value))
+        urls[cache] = (sent, len(evaluations))
+    trimmed_urls, trimmed_evaluations = urls[str(tmp_path)]
+    whole_urls, whole_evaluations = urls["off"]
+    assert trimmed_urls == whole_urls
+    assert whole_evaluations == 3  # botocore's own models: one evaluation per key
+    assert trimmed_evaluations == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,27 @@ def example(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+#: Spark gives a Python worker it starts on its own (a streaming source's, a planner's)
+#: a fixed 10 s to connect back; on a loaded machine the worker's imports can take longer.
+WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
+#: Starts of a streaming query on a worker that did not connect back.
+STREAM_ATTEMPTS = 5
+
+
+def run_stream(start: Callable[[], Any]) -> Any:
+    """``start()`` a streaming query and wait for it to end; started again (from its
+    checkpoint, which a restart resumes exactly) when Spark gave up on one of its Python
+    workers connecting back, so a loaded machine cannot fail the test. Returns the
+    query; raises what stopped it otherwise."""
+    for attempt in range(1, STREAM_ATTEMPTS + 1):
+        query = start()
+        try:
+            query.awaitTermination()
+        except Exception as exc:
+            if WORKER_DID_NOT_CONNECT not in str(exc) or attempt == STREAM_ATTEMPTS:
+                raise
+            continue
+        return query
+    raise AssertionError("unreachable")
