@@ -764,7 +764,6 @@ class MergeInsertBuilder(Generic[R]):
 # ---------------------------------------------------------------------- front door
 
 
-@checked
 def _read_only(uri: str, version: int) -> Exception:
     """The error a write through a read-only view raises (the front door's errors are
     imported when one is raised: opening a table loads none of the tree)."""
@@ -773,6 +772,7 @@ def _read_only(uri: str, version: int) -> Exception:
     return ReadOnlyTableError(uri, version)
 
 
+@checked
 def open(
     uri: str,
     storage_options: Mapping[str, str] | None = None,
