@@ -17,7 +17,9 @@ an SQL expression), ``merge_insert`` (upsert of 10 rows: 5 matched, 5 new).
 counts the requests, and reports its CPU per call): in this process, moto's Python
 shares one interpreter lock with lancetx's Python client, while pylance's Rust client
 runs beside it, so the in-process figure charges lancetx for the server's work in a
-way a remote service does not; the two modes side by side show how much.
+way a remote service does not; the two modes side by side show how much. The CPU
+columns are this process's ``time.process_time`` over each call (all threads,
+pylance's Rust ones included; with the server in this process, its work too).
 
 Run: ``python benchmarks/table_verbs.py [--repeats 15] [--verbs append,delete]
 [--server inprocess|process] [--json out.json]``; about 40 s.
@@ -186,13 +188,15 @@ def run(
             continue
         per = results.setdefault(
             verb,
-            {s: {"s": [], "req": [], "server_cpu": []} for s in SYSTEMS},
+            {s: {"s": [], "req": [], "server_cpu": [], "cpu": []} for s in SYSTEMS},
         )
         for i in range(args.repeats):
             for system, call in (("lancetx", lx_call), ("pylance", pl_call)):
                 take()
+                cpu = time.process_time()
                 with Stopwatch() as sw:
                     call(i)
+                per[system]["cpu"].append(time.process_time() - cpu)
                 requests, server_cpu = take()
                 per[system]["s"].append(sw.seconds)
                 per[system]["req"].append(requests)
@@ -215,6 +219,8 @@ def run(
                 fmt(lx_ms / pl_ms, 2),
                 fmt(statistics.median(per["lancetx"]["req"]), 0),
                 fmt(statistics.median(per["pylance"]["req"]), 0),
+                fmt(statistics.median(per["lancetx"]["cpu"]) * 1000),
+                fmt(statistics.median(per["pylance"]["cpu"]) * 1000),
                 fmt(statistics.median(per["lancetx"]["server_cpu"]) * 1000),
                 fmt(statistics.median(per["pylance"]["server_cpu"]) * 1000),
             ]
@@ -230,6 +236,8 @@ def run(
                 "ratio of medians",
                 "lancetx requests",
                 "pylance requests",
+                "CPU ms lancetx",
+                "CPU ms pylance",
                 "server CPU ms lancetx",
                 "server CPU ms pylance",
             ],
