@@ -222,6 +222,17 @@ class ExternalManifestStore(abc.ABC):
     def latest(self, base_uri: str) -> ManifestEntry | None:
         """The entry with the highest version, or None if the table has none."""
 
+    def get_entries(self, base_uri: str, versions: Sequence[int]) -> list[ManifestEntry]:
+        """The entries of ``versions`` that exist, ascending: consistent point reads,
+        whose cost does not grow with the table's history (the commit queue's waiters
+        look at the versions they expect next this way). DynamoDB reads them in one
+        ``GetItem`` or ``BatchGetItem``; by default they are taken from
+        :meth:`list_entries` (a store without point reads lists, as before)."""
+        wanted = set(versions)
+        if not wanted:
+            return []
+        return [e for e in self.list_entries(base_uri, min(wanted) - 1) if e.version in wanted]
+
     @abc.abstractmethod
     def put_if_not_exists(self, entry: ManifestEntry) -> None:
         """Claim ``entry.version``: insert only if no entry exists for the key.
@@ -343,6 +354,14 @@ class AsyncExternalManifestStore(abc.ABC):
     @abc.abstractmethod
     async def latest(self, base_uri: str) -> ManifestEntry | None:
         """See :meth:`ExternalManifestStore.latest`."""
+
+    async def get_entries(self, base_uri: str, versions: Sequence[int]) -> list[ManifestEntry]:
+        """See :meth:`ExternalManifestStore.get_entries`."""
+        wanted = set(versions)
+        if not wanted:
+            return []
+        listed = await self.list_entries(base_uri, min(wanted) - 1)
+        return [e for e in listed if e.version in wanted]
 
     @abc.abstractmethod
     async def put_if_not_exists(self, entry: ManifestEntry) -> None:

@@ -64,6 +64,7 @@ from lancetx.externalstore.protocol import (
     commit_steps,
     find_key_steps,
     list_versions_steps,
+    look_steps,
     onboard_steps,
     resolve_latest_steps,
     resolve_version_steps,
@@ -97,6 +98,8 @@ class _QueueFailures:
         self.entries = entries
         self.enabled = True
         self.warned = False
+        #: Whether waiters look by point reads (else they list, as before).
+        self.looks = True
 
     def failed(self, exc: Exception, base: str) -> None:
         if isinstance(exc, UnsupportedOperationError):
@@ -115,15 +118,41 @@ class _QueueFailures:
             self.warned = True
             log.warning("commit queue of %s: %s; backing off at random this time", base, exc)
 
+    def look_failed(self, exc: Exception, base: str) -> None:
+        """A look by point reads failed: the waiter lists the versions instead. Where
+        the policy denies the reads, looks stay off (one warning): listing is what
+        waiters did before they looked this way."""
+        if isinstance(exc, (AccessDeniedError, UnsupportedOperationError)):
+            if self.looks:
+                log.warning(
+                    "waiters in the commit queue of %s list the table's versions at each "
+                    "look (%s); allow dynamodb:BatchGetItem on %s (lancetx-sync iam-policy "
+                    "prints the policy) to let them read only the versions they expect",
+                    base,
+                    exc,
+                    _dynamodb_table(self.entries) or "the DynamoDB table",
+                )
+            self.looks = False
+        else:
+            log.debug("commit queue of %s: a look failed (%s); listing instead", base, exc)
+
 
 class StoreCommitQueue(_QueueFailures, CommitQueue):
     """The commit queue an external store keeps (DynamoDB: one item per table), as
     the :attr:`~ExternalStoreCommitHandler.queue` of its handler. Answers None
-    (and stops asking) when the store keeps no queue or may not be asked."""
+    (and stops asking) when the store keeps no queue or may not be asked.
 
-    def __init__(self, entries: ExternalManifestStore) -> None:
+    ``look``: the handler's point reads of the claims after a version (see
+    :func:`~lancetx.externalstore.protocol.look_steps`), run with its checks."""
+
+    def __init__(
+        self,
+        entries: ExternalManifestStore,
+        look: Callable[[str, int, int], list[ManifestLocation]] | None = None,
+    ) -> None:
         super().__init__(entries)
         self.store = entries
+        self._look = look
 
     def _call(self, fn: Callable[[], T], base: str) -> T | None:
         if not self.enabled:
@@ -144,13 +173,30 @@ class StoreCommitQueue(_QueueFailures, CommitQueue):
     def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
         self._call(lambda: self.store.end_turn(base, ticket, version), base)
 
+    def look(self, base: str, since: int, count: int) -> list[ManifestLocation] | None:
+        """See :meth:`CommitQueue.look`. A look that fails answers None (the waiter
+        lists instead, which raises what a listing raises); a policy denying the
+        point reads (``dynamodb:BatchGetItem``) turns looks off for this handler."""
+        if self._look is None or not self.looks:
+            return None
+        try:
+            return self._look(base, since, count)
+        except LancetxError as exc:
+            self.look_failed(exc, base)
+            return None
+
 
 class AsyncStoreCommitQueue(_QueueFailures, AsyncCommitQueue):
     """The asyncio twin of :class:`StoreCommitQueue`."""
 
-    def __init__(self, entries: AsyncExternalManifestStore) -> None:
+    def __init__(
+        self,
+        entries: AsyncExternalManifestStore,
+        look: Callable[[str, int, int], Awaitable[list[ManifestLocation]]] | None = None,
+    ) -> None:
         super().__init__(entries)
         self.store = entries
+        self._look = look
 
     async def _call(self, fn: Callable[[], Awaitable[T]], base: str) -> T | None:
         if not self.enabled:
@@ -170,6 +216,16 @@ class AsyncStoreCommitQueue(_QueueFailures, AsyncCommitQueue):
 
     async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
         await self._call(lambda: self.store.end_turn(base, ticket, version), base)
+
+    async def look(self, base: str, since: int, count: int) -> list[ManifestLocation] | None:
+        """See :meth:`StoreCommitQueue.look`."""
+        if self._look is None or not self.looks:
+            return None
+        try:
+            return await self._look(base, since, count)
+        except LancetxError as exc:
+            self.look_failed(exc, base)
+            return None
 
 
 def _table(base: str) -> Table:
@@ -300,7 +356,7 @@ class ExternalStoreCommitHandler(_CommitSteps, CommitHandler):
         #: Outcome of the last commit (for callers that want to know about finalization).
         self.last_outcome: CommitOutcome | None = None
         #: The table's commit queue in the external store.
-        self.queue: StoreCommitQueue = StoreCommitQueue(entries)
+        self.queue: StoreCommitQueue = StoreCommitQueue(entries, self._look)
 
     def _run(self, steps: Steps[T], base: str) -> T:
         return self._drive(_explained(steps, base, self.store, self.entries))
@@ -312,6 +368,11 @@ class ExternalStoreCommitHandler(_CommitSteps, CommitHandler):
         if self.preflight is None:
             return action()
         return self.preflight.beside(action, write=write)
+
+    def _look(self, base: str, since: int, count: int) -> list[ManifestLocation]:
+        """The commit queue's look (see :func:`protocol.look_steps`), with the
+        handler's checks."""
+        return self._run(look_steps(_table(base), since, count), base)
 
     def resolve_latest(self, base: str) -> ManifestLocation | None:
         """The newest version: one consistent Query; finalizes it if still staged.
@@ -440,13 +501,16 @@ class AsyncExternalStoreCommitHandler(_CommitSteps, AsyncCommitHandler):
         self.claims_keys = entries.keeps_keys
         self.last_outcome: CommitOutcome | None = None
         #: See :attr:`ExternalStoreCommitHandler.queue`.
-        self.queue: AsyncStoreCommitQueue = AsyncStoreCommitQueue(entries)
+        self.queue: AsyncStoreCommitQueue = AsyncStoreCommitQueue(entries, self._look)
 
     async def _run(self, steps: Steps[T], base: str) -> T:
         return await self._drive(_explained(steps, base, self.store, self.entries))
 
     async def _drive(self, steps: Steps[T]) -> T:
         return await run_async(steps, self.store, self.entries)
+
+    async def _look(self, base: str, since: int, count: int) -> list[ManifestLocation]:
+        return await self._run(look_steps(_table(base), since, count), base)
 
     async def resolve_latest(self, base: str) -> ManifestLocation | None:
         """See :meth:`ExternalStoreCommitHandler.resolve_latest`."""

@@ -43,6 +43,7 @@ from lancetx.externalstore.protocol import (
     ClaimEntry,
     Effect,
     FlipEntry,
+    GetEntries,
     GetEntry,
     LatestEntry,
     ListEntries,
@@ -86,7 +87,7 @@ def _collision(
 def _read_entries(effect: Effect, result: Any) -> list[ManifestEntry]:
     if isinstance(effect, (GetEntry, LatestEntry)) and isinstance(result, ManifestEntry):
         return [result]
-    if isinstance(effect, ListEntries) and isinstance(result, list):
+    if isinstance(effect, (ListEntries, GetEntries)) and isinstance(result, list):
         return [e for e in result if isinstance(e, ManifestEntry)]
     return []
 

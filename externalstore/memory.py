@@ -78,6 +78,7 @@ _WRITES = frozenset(
 _ACTIONS = {
     "get": "GetItem",
     "latest": "Query",
+    "get_entries": "BatchGetItem",
     "put_if_not_exists": "PutItem",
     "put_with_key_if_not_exists": "TransactWriteItems",
     "get_key": "GetItem",
@@ -210,6 +211,12 @@ class MemoryManifestStore(ExternalManifestStore):
         if entry is None:
             raise EntryNotFoundError(self._action("get"), self._resource(), base_uri, version)
         return entry
+
+    def get_entries(self, base_uri: str, versions: Sequence[int]) -> list[ManifestEntry]:
+        self._begin("get_entries")
+        with self._lock:
+            rows = self._tables.get(base_uri, {})
+            return [rows[v] for v in sorted(set(versions)) if v in rows]
 
     def latest(self, base_uri: str) -> ManifestEntry | None:
         self._begin("latest")
@@ -371,6 +378,9 @@ class AsyncMemoryManifestStore(AsyncExternalManifestStore):
 
     async def get(self, base_uri: str, version: int) -> ManifestEntry:
         return self.store.get(base_uri, version)
+
+    async def get_entries(self, base_uri: str, versions: Sequence[int]) -> list[ManifestEntry]:
+        return self.store.get_entries(base_uri, versions)
 
     async def latest(self, base_uri: str) -> ManifestEntry | None:
         return self.store.latest(base_uri)

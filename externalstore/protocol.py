@@ -186,6 +186,15 @@ class GetEntry:
 
 
 @dataclass(frozen=True)
+class GetEntries:
+    """Consistent point reads of the entries of ``versions`` (result: the ones that
+    exist, ascending: list[ManifestEntry])."""
+
+    base_uri: str
+    versions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class GetKey:
     """Consistent read of an idempotency key's item (result: KeyRecord | None;
     IdempotencyKeyCollisionError when its slot holds another key's item)."""
@@ -234,6 +243,7 @@ Effect = (
     | ClaimEntries
     | FlipEntry
     | GetEntry
+    | GetEntries
     | GetKey
     | LatestEntry
     | ListEntries
@@ -1025,6 +1035,31 @@ def list_versions_steps(
     return found
 
 
+def look_steps(table: Table, since: int, count: int) -> Steps[list[ManifestLocation]]:
+    """The versions ``since + 1`` … ``since + count`` claimed so far, ascending, up to
+    the first one that is not: point reads of exactly those entries (one GetItem, or
+    one BatchGetItem for several), whose cost does not grow with the history as a
+    Query's from ``since`` may. Versions are claimed in order (a writer claims the
+    version after the newest it saw), so the claimed ones are a prefix; a claim
+    beyond a gap is left for the next look (or the claim that meets it) to find.
+
+    What the commit queue's waiters watch (:meth:`CommitQueue.look
+    <lancetx.commit.handlers.queue.CommitQueue.look>`). Nothing is finalized: the
+    claimant finishes its own version while the next writer prepares."""
+    wanted = tuple(range(since + 1, since + 1 + max(count, 0)))
+    if not wanted:
+        return []
+    found: list[ManifestEntry] = yield GetEntries(table.base_uri, wanted)
+    by_version = {entry.version: entry for entry in found}
+    claimed: list[ManifestLocation] = []
+    for version in wanted:
+        entry = by_version.get(version)
+        if entry is None:
+            break
+        claimed.append(location_of(table, entry))
+    return claimed
+
+
 def _head_location(
     table: Table, version: int, scheme: NamingScheme
 ) -> Steps[ManifestLocation | None]:
@@ -1162,6 +1197,7 @@ def run(steps: Steps[T], store: ObjectStore, entries: ExternalManifestStore) -> 
         ),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
+        GetEntries: lambda e: entries.get_entries(e.base_uri, e.versions),
         GetKey: lambda e: entries.get_key(e.base_uri, e.key),
         LatestEntry: lambda e: entries.latest(e.base_uri),
         ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),
@@ -1193,6 +1229,7 @@ async def run_async(
         ),
         FlipEntry: lambda e: entries.put_if_exists(e.entry, expected_path=e.expected_path),
         GetEntry: lambda e: entries.get(e.base_uri, e.version),
+        GetEntries: lambda e: entries.get_entries(e.base_uri, e.versions),
         GetKey: lambda e: entries.get_key(e.base_uri, e.key),
         LatestEntry: lambda e: entries.latest(e.base_uri),
         ListEntries: lambda e: entries.list_entries(e.base_uri, e.since),

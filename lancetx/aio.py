@@ -66,7 +66,7 @@ from lancetx.errors import ReadOnlyTableError, TableExistsError
 from lancetx.externalstore.connect import open_async_handler
 from lancetx.multi_table import commit_many as commit_many_sync
 from lancetx.state import TableState
-from lancetx.table import CLONE_FLAGS, Table, TableVerbs, _args, prepare_clone
+from lancetx.table import Table, TableVerbs, _args, clone_flags, prepare_clone
 from lancetx.table import history as _sync_history
 from lancetx.tags import AsyncTags
 from lancetx.verbs.writing import WritePlan, fragments_verb
@@ -542,7 +542,7 @@ async def clone(
         state,
         plan,
         _args(commit_message, properties, None, None),
-        CLONE_FLAGS,
+        clone_flags(),
         await table._commit_handler(),
     )
     table.last_commit = result

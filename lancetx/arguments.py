@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import collections.abc
 import functools
+import importlib
 import inspect
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
-
-from lancetx.errors import ArgumentTypeError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,12 +36,31 @@ _UNRESOLVED = object()
 _PUBLIC_MODULES = frozenset({"lancetx", "lancetx.aio"})
 
 
+#: Modules the verbs' hints name that their own modules import for type checkers
+#: only (opening a table must not load them: ``tests/test_import_cost.py``). A hint
+#: naming one is resolved when it is first checked, by the first call of that verb,
+#: which needs the module anyway.
+_DEFERRED_MODULES: dict[str, str] = {"pa": "pyarrow"}
+
+
+class _DeferredNames(dict[str, Any]):
+    """The names :data:`_DEFERRED_MODULES` lists, imported on first lookup."""
+
+    def __missing__(self, name: str) -> Any:
+        module = _DEFERRED_MODULES.get(name)
+        if module is None:
+            raise KeyError(name)
+        value = self[name] = importlib.import_module(module)
+        return value
+
+
 def _resolve(annotation: object, namespace: dict[str, Any]) -> object:
     """The annotation as a type (annotations are strings under postponed evaluation)."""
     if not isinstance(annotation, str):
         return annotation
     try:
-        return eval(annotation, namespace)  # the module's own names, as typing does
+        # the module's own names, as typing does, then the deferred modules
+        return eval(annotation, namespace, _DeferredNames())
     except Exception:  # a name only imported for type checkers: not checked
         return _UNRESOLVED
 
@@ -187,6 +205,8 @@ def checked(fn: Callable[P, R]) -> Callable[P, R]:
                 if not matches(item, expected):
                     annotation = param.annotation
                     call, shown = named(args)
+                    from lancetx.errors import ArgumentTypeError
+
                     raise ArgumentTypeError(
                         call,
                         name,

@@ -16,19 +16,20 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
-from lancetx.commit.engine.committer import Committed, Parent, load_parent
+from lancetx.commit.engine.parents import Parent, load_parent
 from lancetx.commit.errors import DatasetNotFoundError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
-from lancetx.commit.format.schema import fields_to_arrow_schema
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.errors import BadEntryError, ManifestMissingError, repair_command
 
+# Opening a table loads neither pyarrow nor the commit engine (the front door's
+# ``open`` is what every CLI call and Spark task pays): see ``tests/test_import_cost.py``.
 if TYPE_CHECKING:
+    import pyarrow as pa
     from lance import LanceDataset
 
+    from lancetx.commit.engine.committer import Committed
     from lancetx.version_history import VersionInfo
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ class TableState:
         """Record a version as the newest known (ignoring an older one)."""
         if parent is None:
             return
-        if isinstance(parent, Committed):
+        if not isinstance(parent, Parent):  # a Committed: what a parent needs of it
             parent = Parent(parent.location, parent.manifest)
         with self._lock:
             if self.parent is None or parent.version >= self.parent.version:
@@ -279,6 +280,8 @@ class TableState:
 
     def schema_of(self, parent: Parent) -> pa.Schema:
         """The Arrow schema of a version, from its manifest (no pylance, no read)."""
+        from lancetx.commit.format.schema import fields_to_arrow_schema
+
         m = parent.manifest.manifest
         return fields_to_arrow_schema(list(m.fields), dict(m.schema_metadata))
 

@@ -12,36 +12,25 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import pyarrow as pa
-
 from lancetx.arguments import checked, checked_methods
 from lancetx.commit.errors import DatasetNotFoundError
-from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags, run_verb
-from lancetx.convert import to_transaction
-from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
 from lancetx.state import TableState
-from lancetx.tags import Tags
-from lancetx.verbs.cloning import ClonePlan, check_apart, source_path
-from lancetx.verbs.columns import plan_add_columns, plan_alter_columns, plan_drop_columns
-from lancetx.verbs.maintenance import (
-    plan_compact,
-    plan_create_index,
-    plan_drop_index,
-    plan_restore,
-    plan_update_config,
-)
-from lancetx.verbs.merging import MergeSpec, join_columns, materialize, plan_merge_insert
-from lancetx.verbs.rows import plan_delete, plan_update
-from lancetx.verbs.writing import WritePlan, fragments_verb
-from lancetx.version_history import VersionInfo
-from lancetx.writer import TableWriter
 
-R = TypeVar("R")
-
+# Opening a table and reading its version loads none of the modules below (every
+# CLI call and every Spark task pays its imports anew): each verb imports what it
+# uses when it is called (``tests/test_import_cost.py``).
 if TYPE_CHECKING:
+    import pyarrow as pa
     from lance import LanceDataset
 
     from lancetx.changes import FragmentRows, VersionChange
+    from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags
+    from lancetx.tags import Tags
+    from lancetx.verbs.cloning import ClonePlan
+    from lancetx.version_history import VersionInfo
+    from lancetx.writer import TableWriter
+
+R = TypeVar("R")
 
 #: pylance verbs that only exist as "pylance commits itself", with what to use instead.
 REFUSED_VERBS: Mapping[str, str] = {
@@ -61,7 +50,17 @@ def _args(
     idempotency_key: str | None,
     expected_version: int | None,
 ) -> CommitArgs:
+    from lancetx.committing import CommitArgs
+
     return CommitArgs(commit_message, properties, idempotency_key, expected_version)
+
+
+def _flags(
+    *, replannable: bool = False, reusable: bool = False, owns_data: bool = True
+) -> VerbFlags:
+    from lancetx.committing import VerbFlags
+
+    return VerbFlags(replannable=replannable, reusable=reusable, owns_data=owns_data)
 
 
 @checked_methods
@@ -85,6 +84,8 @@ class TableVerbs(Generic[R]):
     def __getattr__(self, name: str) -> Any:
         alternative = REFUSED_VERBS.get(name)
         if alternative is not None:
+            from lancetx.errors import PylanceCommitsItselfError
+
             raise PylanceCommitsItselfError(self.uri, f"LanceDataset.{name}", alternative)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -106,11 +107,13 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Append ``data`` (anything pylance writes). ``write_params`` go to
         ``lance.fragment.write_fragments`` (max_rows_per_file, …)."""
+        from lancetx.verbs.writing import WritePlan
+
         plan = WritePlan(data, overwrite=False, schema=schema, params=write_params)
         return self._run(
             plan,
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(reusable=True),
+            _flags(reusable=True),
         )
 
     def overwrite(
@@ -125,11 +128,13 @@ class TableVerbs(Generic[R]):
         **write_params: Any,
     ) -> R:
         """Replace every row (and the schema) with ``data``; older versions stay readable."""
+        from lancetx.verbs.writing import WritePlan
+
         plan = WritePlan(data, overwrite=True, schema=schema, params=write_params)
         return self._run(
             plan,
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True, reusable=True),
+            _flags(replannable=True, reusable=True),
         )
 
     def delete(
@@ -142,10 +147,12 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Delete the rows matching the SQL ``predicate`` (re-planned after a retryable conflict)."""
+        from lancetx.verbs.rows import plan_delete
+
         return self._run(
             plan_delete(predicate),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
     def update(
@@ -162,10 +169,12 @@ class TableVerbs(Generic[R]):
         """Set columns on the rows matching ``where`` (all rows when None). A string
         value is an SQL expression over the old row (``"price * 2"``); anything else
         is a literal."""
+        from lancetx.verbs.rows import plan_update
+
         return self._run(
             plan_update(where, values, write_params),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
     def merge_insert(self, on: str | Sequence[str]) -> MergeInsertBuilder[R]:
@@ -175,6 +184,8 @@ class TableVerbs(Generic[R]):
         On the table's unenforced primary key (or with
         :meth:`MergeInsertBuilder.conflict_on_inserted_keys`), concurrent merges
         never insert one key twice: the later one plans again and updates."""
+        from lancetx.verbs.merging import join_columns
+
         return MergeInsertBuilder(self, join_columns(on))
 
     def add_columns(
@@ -189,6 +200,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Add columns: ``{"name": "SQL expression"}``, a batch UDF, or Arrow fields
         (all-null, metadata only)."""
+        from lancetx.verbs.columns import plan_add_columns
+
         return self._run(
             plan_add_columns(transforms, read_columns),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -204,6 +217,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Drop top-level columns (metadata only; the data stays in older versions)."""
+        from lancetx.verbs.columns import plan_drop_columns
+
         return self._run(
             plan_drop_columns(list(columns)),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -219,6 +234,8 @@ class TableVerbs(Generic[R]):
     ) -> R:
         """Rename columns or change nullability: ``{"path": "a", "name": "b"}``,
         ``{"path": "a", "nullable": True}``. A type change is refused (see the error)."""
+        from lancetx.verbs.columns import plan_alter_columns
+
         return self._run(
             plan_alter_columns(list(alterations)),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -247,10 +264,12 @@ class TableVerbs(Generic[R]):
         adds a version to the fragment reuse index, through which readers use them
         (remap later with ``create_index(..., replace=True)``). On a table with stable
         row ids nothing needs remapping."""
+        from lancetx.verbs.maintenance import plan_compact
+
         return self._run(
             plan_compact(options or {}, strict=expected_version is not None),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
     def create_index(
@@ -269,6 +288,8 @@ class TableVerbs(Generic[R]):
         """Build an index (scalar: ``"BTREE"``, ``"BITMAP"``, …; vector: ``"IVF_PQ"``,
         ``"IVF_FLAT"``, … with ``num_partitions=`` etc.) over every fragment, via
         pylance's ``create_index_uncommitted``; lancetx commits it."""
+        from lancetx.verbs.maintenance import plan_create_index
+
         return self._run(
             plan_create_index(column, index_type, name, replace, index_params),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -284,6 +305,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Remove the index ``name`` (every segment of it) from the table."""
+        from lancetx.verbs.maintenance import plan_drop_index
+
         return self._run(
             plan_drop_index(name),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -299,6 +322,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Make ``version`` the latest again (as a new version; history is kept)."""
+        from lancetx.verbs.maintenance import plan_restore
+
         return self._run(
             plan_restore(version),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -315,6 +340,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Set table config keys (``None`` removes a key; ``replace`` replaces all)."""
+        from lancetx.verbs.maintenance import plan_update_config
+
         return self._run(
             plan_update_config(config=values, replace=replace),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -331,6 +358,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Set table metadata keys (``None`` removes a key)."""
+        from lancetx.verbs.maintenance import plan_update_config
+
         return self._run(
             plan_update_config(table_metadata=values, replace=replace),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -347,6 +376,8 @@ class TableVerbs(Generic[R]):
         expected_version: int | None = None,
     ) -> R:
         """Set schema metadata keys (``None`` removes a key)."""
+        from lancetx.verbs.maintenance import plan_update_config
+
         return self._run(
             plan_update_config(schema_metadata=values, replace=replace),
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -365,6 +396,7 @@ class TableVerbs(Generic[R]):
         pylance ``Transaction`` / ``LanceOperation.*`` (converted; unsupported kinds are
         refused naming their type). Fragments must be in this table's data directory or
         under a base path it registers (ForeignFragmentError)."""
+        from lancetx.convert import to_transaction
         from lancetx.verbs.writing import check_in_data_dir
 
         def plan(ctx: Any) -> Any:
@@ -375,7 +407,7 @@ class TableVerbs(Generic[R]):
         return self._run(
             plan,
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(owns_data=False),
+            _flags(owns_data=False),
         )
 
 
@@ -491,6 +523,8 @@ class Table(TableVerbs[int]):
         lancetx sees pylance's): ``table.tags.create("v1", 3)``, ``.update``,
         ``.delete``, ``.list()``. A tagged version stays readable by name and
         every cleanup keeps it."""
+        from lancetx.tags import Tags
+
         return Tags(self._state)
 
     def checkout(self, version: int | str) -> Table:
@@ -599,7 +633,10 @@ class Table(TableVerbs[int]):
         commit, opens the table once). Creates the table if it has no version yet
         (``lancetx.open(uri, missing_ok=True)``). Returns the CommitResult."""
         if self._pinned is not None:
-            raise ReadOnlyTableError(self.uri, self._pinned)
+            raise _read_only(self.uri, self._pinned)
+        from lancetx.committing import run_verb
+        from lancetx.verbs.writing import fragments_verb
+
         verb = fragments_verb(
             self.uri,
             fragments,
@@ -627,8 +664,10 @@ class Table(TableVerbs[int]):
         self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None
     ) -> CommitResult:
         if self._pinned is not None:
-            raise ReadOnlyTableError(self.uri, self._pinned)
-        result = run_verb(self._state, plan, args, flags or VerbFlags())
+            raise _read_only(self.uri, self._pinned)
+        from lancetx.committing import run_verb
+
+        result = run_verb(self._state, plan, args, flags or _flags())
         self.last_commit = result
         return result
 
@@ -643,7 +682,9 @@ class Table(TableVerbs[int]):
     ) -> TableWriter:
         """A streaming writer: ``with table.writer() as w: w.write(batch); w.commit()``."""
         if self._pinned is not None:
-            raise ReadOnlyTableError(self.uri, self._pinned)
+            raise _read_only(self.uri, self._pinned)
+        from lancetx.writer import TableWriter
+
         return TableWriter(
             self,
             _args(commit_message, properties, idempotency_key, expected_version),
@@ -656,6 +697,8 @@ class MergeInsertBuilder(Generic[R]):
     """pylance's merge_insert builder, committed by lancetx (see :meth:`Table.merge_insert`)."""
 
     def __init__(self, table: TableVerbs[R], on: list[str]) -> None:
+        from lancetx.verbs.merging import MergeSpec
+
         self._table = table
         self._spec = MergeSpec(on=on)
 
@@ -696,6 +739,8 @@ class MergeInsertBuilder(Generic[R]):
         return self
 
     def plan(self, data: Any, schema: pa.Schema | None = None) -> Plan:
+        from lancetx.verbs.merging import materialize, plan_merge_insert
+
         return plan_merge_insert(self._spec, materialize(self._table.uri, data, schema))
 
     def execute(
@@ -712,11 +757,19 @@ class MergeInsertBuilder(Generic[R]):
         return self._table._run(
             self.plan(data, schema),
             _args(commit_message, properties, idempotency_key, expected_version),
-            VerbFlags(replannable=True),
+            _flags(replannable=True),
         )
 
 
 # ---------------------------------------------------------------------- front door
+
+
+def _read_only(uri: str, version: int) -> Exception:
+    """The error a write through a read-only view raises (the front door's errors are
+    imported when one is raised: opening a table loads none of the tree)."""
+    from lancetx.errors import ReadOnlyTableError
+
+    return ReadOnlyTableError(uri, version)
 
 
 @checked
@@ -790,7 +843,12 @@ def write_table(
     state = TableState.connect(uri, storage_options)
     latest = state.refresh()
     if mode == "create" and latest is not None:
+        from lancetx.errors import TableExistsError
+
         raise TableExistsError(uri, latest.version)
+    from lancetx.committing import VerbFlags, run_verb
+    from lancetx.verbs.writing import WritePlan
+
     plan = WritePlan(data, overwrite=mode == "overwrite", schema=schema, params=write_params)
     # Stable row ids are chosen by the commit that creates the table.
     args = dataclasses.replace(
@@ -841,16 +899,21 @@ def clone(
     a table exists at ``target`` (also when another writer creates it meanwhile),
     VersionNotFoundError / TagNotFoundError for an unknown ``version``,
     InvalidUriError for a target inside the source's folder (or the reverse)."""
+    from lancetx.committing import run_verb
+
     state, plan = prepare_clone(source, target, version, storage_options, target_storage_options)
-    result = run_verb(state, plan, _args(commit_message, properties, None, None), CLONE_FLAGS)
+    result = run_verb(state, plan, _args(commit_message, properties, None, None), clone_flags())
     table = Table(state)
     table.last_commit = result
     return table
 
 
-#: A clone creates its table (TableExistsError when it exists or appears meanwhile)
-#: and writes no data file.
-CLONE_FLAGS = VerbFlags(reusable=True, needs_table=False, on_exists="fail", owns_data=False)
+def clone_flags() -> VerbFlags:
+    """A clone creates its table (TableExistsError when it exists or appears meanwhile)
+    and writes no data file."""
+    from lancetx.committing import VerbFlags
+
+    return VerbFlags(reusable=True, needs_table=False, on_exists="fail", owns_data=False)
 
 
 def prepare_clone(
@@ -862,6 +925,8 @@ def prepare_clone(
 ) -> tuple[TableState, ClonePlan]:
     """The target's state and the plan of :func:`clone` (sync and async alike): the
     source version is resolved and read now (blocking)."""
+    from lancetx.verbs.cloning import ClonePlan, check_apart, source_path
+
     src = open(source, storage_options, version=version)
     cloned = src._state.parent_at(src.version)
     ref_path = source_path(src._state)
@@ -912,6 +977,9 @@ def commit_fragments(
     call again with the same key to settle it. ``enable_stable_row_ids=True`` creates
     the table with stable row ids, as :func:`write_table` does (given for an existing
     table, it must match what the table has)."""
+    from lancetx.committing import run_verb
+    from lancetx.verbs.writing import fragments_verb
+
     verb = fragments_verb(
         uri,
         fragments,

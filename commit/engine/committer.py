@@ -108,9 +108,16 @@ from lancetx.commit.engine.operations import (
     Rewrite,
     Transaction,
 )
+from lancetx.commit.engine.parents import load_parent, load_parent_async
 from lancetx.commit.engine.rebase import rebase_steps
 from lancetx.commit.engine.retry import RetryPolicy
-from lancetx.commit.engine.turns import QueueTurn, end_turn_steps, join_queue, wait_for_turn
+from lancetx.commit.engine.turns import (
+    QueueTurn,
+    end_turn_steps,
+    join_queue,
+    look_newer,
+    wait_for_turn,
+)
 from lancetx.commit.engine.unreferenced import Claim, keep, may_delete, note_claim
 from lancetx.commit.errors import (
     CommitStateUnknownError,
@@ -227,28 +234,6 @@ class Committed:
 
 
 # ------------------------------------------------------------------ front doors
-
-
-def load_parent(
-    handler: CommitHandler, base: str, version: int | None = None, *, held: Parent | None = None
-) -> Parent | None:
-    """The latest version (or ``version``), or None for a table with no versions.
-
-    ``held``: a version the caller already has; if the latest (or ``version``) is
-    that version, its manifest is not read again (a committed version never changes).
-    """
-    return run(load_parent_steps(handler.store, base, version, held=held), handler)
-
-
-async def load_parent_async(
-    handler: AsyncCommitHandler,
-    base: str,
-    version: int | None = None,
-    *,
-    held: Parent | None = None,
-) -> Parent | None:
-    """:func:`load_parent` through an :class:`AsyncCommitHandler`."""
-    return await run_async(load_parent_steps(handler.store, base, version, held=held), handler)
 
 
 def commit_transaction(
@@ -552,7 +537,7 @@ def _queue_first(state: _Attempts, current: Parent) -> Steps[None]:
     state.started = time.perf_counter()  # the attempt's slot does not include the wait
     state.tried_at = time.time()
     if newer is None:
-        newer = yield from load_newer(state.names, state.base, current.version, ours=state.ours)
+        newer = yield from look_newer(state.names, state.base, current.version, state.ours)
     if newer:
         state.pending = newer
         state.current = newest_parent(newer)
@@ -790,7 +775,7 @@ def _wait_in_queue(state: _Attempts, loaded: list[Loaded] | None, slot: float) -
             state.names, state.base, state.turn, state.contended, state.policy, since, state.ours
         )
     if newer is None:
-        newer = yield from load_newer(state.names, state.base, since, ours=state.ours)
+        newer = yield from look_newer(state.names, state.base, since, state.ours)
     newer = (loaded or []) + newer
     if newer:
         state.pending = newer

@@ -13,8 +13,11 @@ entries record when each claim was made), or its process saw others commit or
 wait on this table moments ago — takes a ticket (one UpdateItem) and waits
 until every earlier ticket was served. A claim made from the queue records its
 ticket in its entry, which serves it: the waiters watch the table's entries
-(one Query a look), so serving costs no request, and the Query that shows the
-claim of the ticket before ours lists exactly the versions we build on (Appends
+(each look reads by key the versions the tickets ahead can claim next: one
+GetItem next in line, one BatchGetItem far back — never a Query from the parent
+on, whose cost grows with the history), so serving costs no request, and the
+look that shows the claim of the ticket before ours completes exactly the
+versions we build on (Appends
 are settled by the entries' summaries, so only the newest manifest is read).
 When to look (:func:`turn_wait`): far back, by the median time between recent
 claims, aiming just short of the turn before ours; next in line, by the
@@ -75,7 +78,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -212,6 +214,8 @@ class TableContention:
         holder overslept its start is an outlier here, not a new normal."""
         if not self.turn_samples:
             return 0.0
+        import statistics  # here: opening a table loads this module, never this
+
         return float(statistics.median(self.turn_samples))
 
     def committed(self, losses: int) -> None:

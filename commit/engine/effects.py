@@ -17,11 +17,9 @@ it interrupted (e.g. a claim that may have landed) before it propagates.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -34,6 +32,9 @@ from lancetx.commit.storage.limits import read_capped, read_capped_async
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
 if TYPE_CHECKING:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
     from lancetx.commit.handlers.interface import AsyncCommitHandler
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
 
@@ -157,6 +158,17 @@ class ReadTurns:
 
 
 @dataclass(frozen=True)
+class LookVersions:
+    """The versions ``since + 1`` … ``since + count`` claimed so far, up to the first
+    that is not, by the queue's point reads (result: list[ManifestLocation], or None
+    without a queue that can look: list them with :class:`ListVersions` instead)."""
+
+    base: str
+    since: int
+    count: int
+
+
+@dataclass(frozen=True)
 class EndTurn:
     """Our turn with ``ticket`` is over, won by claiming ``version`` if it was
     (result: None)."""
@@ -210,6 +222,7 @@ Effect = (
     | ClaimVersion
     | TakeTicket
     | ReadTurns
+    | LookVersions
     | EndTurn
     | Sleep
     | Gather
@@ -247,6 +260,10 @@ def _shared_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
+            # concurrent.futures (and its exit hook) is loaded by the first Gather,
+            # not by loading a version to open (``tests/test_import_cost.py``).
+            from concurrent.futures import ThreadPoolExecutor
+
             _pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="lancetx-load")
         return _pool
 
@@ -311,6 +328,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return queue.take_ticket(base) if queue is not None else None
             case ReadTurns(base):
                 return queue.read_turns(base) if queue is not None else None
+            case LookVersions(base, since, count):
+                return queue.look(base, since, count) if queue is not None else None
             case EndTurn(base, ticket, claimed):
                 return queue.end_turn(base, ticket, claimed) if queue is not None else None
         raise TypeError(f"unknown effect {effect!r}")
@@ -366,6 +385,8 @@ async def _nothing() -> None:
 
 async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
     """Drive ``steps`` with asyncio I/O through ``handler`` and its store."""
+    import asyncio  # here: the sync driver's users (opening a table) never load it
+
     store, queue = handler.store, handler.queue
     performers: dict[type, Callable[[Any], Awaitable[Any]]] = {
         GetObject: lambda e: (
@@ -382,6 +403,9 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ClaimVersion: lambda e: handler.commit(e.base, e.version, e.manifest, e.scheme, e.summary),
         TakeTicket: lambda e: queue.take_ticket(e.base) if queue is not None else _nothing(),
         ReadTurns: lambda e: queue.read_turns(e.base) if queue is not None else _nothing(),
+        LookVersions: lambda e: (
+            queue.look(e.base, e.since, e.count) if queue is not None else _nothing()
+        ),
         EndTurn: lambda e: (
             queue.end_turn(e.base, e.ticket, e.version) if queue is not None else _nothing()
         ),
@@ -419,6 +443,8 @@ class _BlockingStore(ObjectStore):
         self.read_limits = inner.read_limits
 
     def _wait(self, coro: Any) -> Any:
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def uri(self, key: str) -> str:
@@ -462,6 +488,7 @@ __all__ = [
     "GetRange",
     "GetTail",
     "ListVersions",
+    "LookVersions",
     "Names",
     "PutObject",
     "ReadManifest",

@@ -26,6 +26,7 @@ from lancetx.commit.engine import contention
 from lancetx.commit.engine.effects import (
     EndTurn,
     ListVersions,
+    LookVersions,
     Names,
     ReadTurns,
     Sleep,
@@ -41,14 +42,23 @@ from lancetx.commit.handlers.queue import Turns
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "MAX_LOOK",
     "QueueTurn",
     "end_turn_steps",
     "join_queue",
     "join_queue_steps",
+    "look",
+    "look_newer",
     "turn_served",
     "wait_for_turn",
     "wait_turn_steps",
 ]
+
+#: The most versions one look reads (one BatchGetItem takes 100 keys).
+MAX_LOOK = 64
+#: How many versions a writer that knows nothing of the queue looks at after its
+#: parent (it learned of contention moments ago; a few landed meanwhile, if any).
+NEWER_LOOK = 2
 
 
 @dataclass
@@ -127,6 +137,31 @@ def end_turn_steps(
 # ------------------------------------------------------------------------ steps
 
 
+def look(base: str, since: int, count: int) -> Steps[tuple[list[ManifestLocation], bool]]:
+    """The versions claimed after ``since``: the queue's point reads of the next
+    ``count`` (a look whose cost does not grow with the history, as a listing's
+    may), else the handler's listing of every one. Returns them, and whether more
+    may have been claimed beyond them (the look read as many as it asked for)."""
+    count = max(1, min(count, MAX_LOOK))
+    looked: list[ManifestLocation] | None = yield LookVersions(base, since, count)
+    if looked is None:
+        listed: list[ManifestLocation] = yield ListVersions(base, since)
+        return listed, False
+    return looked, len(looked) >= count
+
+
+def look_newer(names: Names, base: str, since: int, ours: Transaction) -> Steps[list[Loaded]]:
+    """The versions committed after ``since``, loaded (see
+    :func:`~lancetx.commit.engine.loading.load_listed`), found by looks: what a
+    queued writer learns when its turn comes without a look that showed them."""
+    seen: list[ManifestLocation] = []
+    more = True
+    while more:
+        found, more = yield from look(base, seen[-1].version if seen else since, NEWER_LOOK)
+        seen.extend(found)
+    return (yield from load_listed(names, base, since, seen, ours=ours))
+
+
 def join_queue(base: str, turn: QueueTurn, contended: contention.TableContention) -> Steps[bool]:
     """Take a ticket unless we hold one; False when the handler keeps no queue.
 
@@ -169,10 +204,13 @@ def wait_for_turn(
 ) -> Steps[list[Loaded] | None]:
     """Wait until every ticket before ours was served (or the queue stalls).
 
-    It watches the table (one Query a look, :func:`contention.turn_wait` says
-    when): a claim made from the queue carries its ticket, so the claims since
-    our parent say whose turn it is, and the Query that shows the claim of the
-    ticket before ours lists exactly the versions we must build on. While the
+    It watches the table (:func:`contention.turn_wait` says when; each look
+    reads the versions after the newest seen that the tickets ahead can claim,
+    by key: one GetItem next in line, one BatchGetItem far back, see
+    :func:`look`): a claim made from the queue carries its ticket, so the
+    claims since our parent say whose turn it is, and the look that shows the
+    claim of the ticket before ours completes exactly the versions we must
+    build on. While the
     queue stands still it also reads the queue item now and then: a writer
     whose turn ended without a claim (refused, gave up) serves its ticket
     there. Returns the versions committed after ``since`` when it loaded
@@ -188,22 +226,24 @@ def wait_for_turn(
     watching = False  # next in line, looking again within its predecessor's turn
     checked = last_change  # when we last read the queue item
     seen: list[ManifestLocation] = []  # the versions after ``since`` listed so far
+    more = False  # the last look read all it asked for: more may follow at once
     while turn.ahead > 0:
         ahead_now = turn.ahead
         into_turn = time.time() - turn.served_at if turn.served_at else None
-        yield Sleep(
-            contention.turn_wait(policy, contended, ahead_now, into_turn, first_look=not watching)
-        )
+        if not more:
+            yield Sleep(
+                contention.turn_wait(
+                    policy, contended, ahead_now, into_turn, first_look=not watching
+                )
+            )
         watching = ahead_now == 1
         now = time.monotonic()
         looks += 1
         standing = now - last_change
         served_at_before = turn.served_at
-        # Only what is new since the last look: a far-back waiter would
-        # otherwise fetch every claim of the wait again at each look.
-        listed: list[ManifestLocation] = yield ListVersions(
-            base, seen[-1].version if seen else since
-        )
+        # Only what is new since the last look, and only as many versions as
+        # the tickets ahead can claim before our turn (the next in line: one).
+        listed, more = yield from look(base, seen[-1].version if seen else since, ahead_now)
         seen.extend(listed)
         moved = _served_by_claims(turn, listed, contended)
         moved = _served_by_unmarked(turn, listed) or moved

@@ -30,11 +30,16 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from lancetx.protos import file_pb2, transaction_pb2
+
+# numpy and pyarrow are imported by the functions that use them: the conflict rules
+# import this module, and opening a table loads those rules but never hashes a key
+# (``tests/test_import_cost.py``).
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 KeyExistenceFilter = transaction_pb2.Transaction.KeyExistenceFilter
 
@@ -142,15 +147,21 @@ def xxh64(data: bytes) -> int:
 
 
 def _np_rotl(x: np.ndarray, r: int) -> np.ndarray:
+    import numpy as np
+
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
 def _np_round(acc: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     return _np_rotl(acc + lane * np.uint64(_P2), 31) * np.uint64(_P1)
 
 
 def _np_words(rows: np.ndarray, p: int, width: int) -> np.ndarray:
     """The little-endian ``width``-byte word at byte ``p`` of every row, as uint64."""
+    import numpy as np
+
     chunk = np.ascontiguousarray(rows[:, p : p + width])
     return chunk.view("<u8" if width == 8 else "<u4").reshape(-1).astype(np.uint64)
 
@@ -158,6 +169,8 @@ def _np_words(rows: np.ndarray, p: int, width: int) -> np.ndarray:
 def xxh64_rows(rows: np.ndarray) -> np.ndarray:
     """XXH64 (seed 0) of every row of an ``(n, length)`` uint8 array, all rows at once
     (numpy's uint64 arithmetic wraps, as the hash's does)."""
+    import numpy as np
+
     n, length = rows.shape
     p = 0
     with np.errstate(over="ignore"):
@@ -200,6 +213,8 @@ def xxh64_rows(rows: np.ndarray) -> np.ndarray:
 
 def xxh64_of_u64(values: np.ndarray) -> np.ndarray:
     """XXH64 (seed 0) of each value's 8 little-endian bytes."""
+    import numpy as np
+
     raw = np.ascontiguousarray(values.astype("<u8", copy=False))
     return xxh64_rows(raw.view(np.uint8).reshape(-1, 8))
 
@@ -255,26 +270,35 @@ class UnhashableKeyError(TypeError):
     """A key column whose type has no byte encoding here (the filter becomes full)."""
 
 
-_BYTES = pa.large_binary()
+def _bytes_type() -> pa.DataType:
+    import pyarrow as pa
+
+    return pa.large_binary()
 
 
 def _fixed_bytes(column: pa.Array, values: np.ndarray) -> pa.Array:
     """``values`` (one fixed-width little-endian number per row) as binary, null
     where ``column`` is null."""
+    import numpy as np
+    import pyarrow as pa
+
     width = values.dtype.itemsize
     raw = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(width), len(values), [None, pa.py_buffer(np.ascontiguousarray(values).tobytes())]
-    ).cast(_BYTES)
+    ).cast(_bytes_type())
     if column.null_count == 0:
         return raw
     import pyarrow.compute as pc  # only a commit with keys needs it: opens stay lighter
 
-    return pc.if_else(column.is_null(), pa.scalar(None, _BYTES), raw)
+    return pc.if_else(column.is_null(), pa.scalar(None, _bytes_type()), raw)
 
 
 def _column_bytes(column: pa.Array) -> pa.Array:
     """Each value's key bytes (null for null): Lance's encoding where Lance has one,
     ours (equal keys, equal bytes) for the other scalar types."""
+    import numpy as np
+    import pyarrow as pa
+
     t = column.type
     if pa.types.is_dictionary(t):
         return _column_bytes(column.cast(t.value_type))
@@ -287,7 +311,7 @@ def _column_bytes(column: pa.Array) -> pa.Array:
         or pa.types.is_binary_view(t)
         or pa.types.is_fixed_size_binary(t)
     ):
-        return column.cast(_BYTES)
+        return column.cast(_bytes_type())
     if pa.types.is_signed_integer(t):
         return _fixed_bytes(column, column.cast(pa.int64()).fill_null(0).to_numpy().astype("<i8"))
     if pa.types.is_unsigned_integer(t):
@@ -304,7 +328,7 @@ def _column_bytes(column: pa.Array) -> pa.Array:
         values[np.isnan(values)] = np.nan
         return _fixed_bytes(column, values)
     if pa.types.is_decimal(t):
-        return column.cast(pa.string()).cast(_BYTES)
+        return column.cast(pa.string()).cast(_bytes_type())
     raise UnhashableKeyError(str(t))
 
 
@@ -312,11 +336,13 @@ def key_bytes_array(table: pa.Table, columns: Sequence[str]) -> pa.Array:
     """Each row's key bytes over ``columns`` (in that order) as a binary array, null
     for a row with a null in any key column. Raises :class:`UnhashableKeyError`
     for a column type with no encoding (nested types)."""
+    import pyarrow as pa
+
     parts = [_column_bytes(table.column(c).combine_chunks()) for c in columns]
     if len(parts) == 1:
         return parts[0]
     # Each part followed by a zero byte: the parts joined by b"\0" after an empty last part.
-    empty, zero = pa.scalar(b"", _BYTES), pa.scalar(b"\x00", _BYTES)
+    empty, zero = pa.scalar(b"", _bytes_type()), pa.scalar(b"\x00", _bytes_type())
     import pyarrow.compute as pc
 
     return pc.binary_join_element_wise(*parts, empty, zero)
@@ -329,6 +355,9 @@ def key_bytes(table: pa.Table, columns: Sequence[str]) -> list[bytes | None]:
 
 def key_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     """XXH64 of every non-null key of ``table`` over ``columns`` (uint64 array)."""
+    import numpy as np
+    import pyarrow as pa
+
     keys = key_bytes_array(table, columns).drop_null()
     out = np.empty(len(keys), dtype=np.uint64)
     if not len(keys):
@@ -353,6 +382,8 @@ def key_hashes(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
 
 def bloom_words(hashes: np.ndarray, num_bytes: int) -> np.ndarray:
     """The SBBF over ``hashes`` as ``(blocks, 8)`` uint32 words."""
+    import numpy as np
+
     blocks = num_bytes // _BLOCK_BYTES
     words = np.zeros((blocks, 8), dtype=np.uint32)
     if len(hashes) == 0:
@@ -393,6 +424,8 @@ def blooms_may_share_key(a: bytes, b: bytes) -> bool:
     block: no common key (exact). Lance's own check is coarser (any common bit), so
     this answers "no" more often, and never wrongly.
     """
+    import numpy as np
+
     if len(a) != len(b) or len(a) % _BLOCK_BYTES:
         return True
     both = np.frombuffer(a, dtype="<u4") & np.frombuffer(b, dtype="<u4")

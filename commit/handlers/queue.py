@@ -12,6 +12,10 @@ The queue is advisory only: a version is still claimed by
 queue's failures must never fail a commit (an implementation logs them and
 answers None: the writers fall back to random backoff).
 
+Waiters watch the claims after the newest version they know
+(:meth:`CommitQueue.look`: point reads of the versions they expect next, whose
+cost does not grow with the history), falling back to the handler's listing.
+
 A ticket is served in one of two ways. A claim serves its own: the loop puts
 the ticket in the claim's summary
 (:attr:`~lancetx.commit.format.location.TransactionSummary.ticket`), and a
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+
+from lancetx.commit.format.location import ManifestLocation
 
 __all__ = ["AsyncCommitQueue", "CommitQueue", "Turns"]
 
@@ -71,6 +77,15 @@ class CommitQueue(abc.ABC):
         given up, lost (or won, claiming ``version``, by a claim that carried no
         summary): the next may go."""
 
+    def look(self, base: str, since: int, count: int) -> list[ManifestLocation] | None:
+        """The versions ``since + 1`` … ``since + count`` claimed so far, ascending, up
+        to the first one that is not: what a waiter watches, read by point reads
+        whose cost does not grow with the table's history. None (the default) when
+        the queue cannot look that way now: the waiter lists the versions through
+        the handler instead."""
+        del base, since, count
+        return None
+
 
 class AsyncCommitQueue(abc.ABC):
     """The asyncio twin of :class:`CommitQueue`, offered by an
@@ -87,3 +102,8 @@ class AsyncCommitQueue(abc.ABC):
     @abc.abstractmethod
     async def end_turn(self, base: str, ticket: int, version: int | None = None) -> None:
         """See :meth:`CommitQueue.end_turn`."""
+
+    async def look(self, base: str, since: int, count: int) -> list[ManifestLocation] | None:
+        """See :meth:`CommitQueue.look`."""
+        del base, since, count
+        return None

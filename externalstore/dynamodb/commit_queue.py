@@ -9,7 +9,8 @@ The queue gives them an order instead:
   to the table's ``issued`` counter, which returns the new value (our ticket)
   and ``served``;
 * it waits until every ticket before it was served, watching the table's
-  entries (one Query a look): a claim made from the queue records its ticket
+  entries (each look reads the versions it expects next by key: one GetItem,
+  or one BatchGetItem far back in the queue): a claim made from the queue records its ticket
   (``queue_ticket``) and time (``claimed_at``) in the claimed entry, which
   *serves* it — no request of its own — and the newest such ticket is the
   queue's ``served``;

@@ -8,7 +8,6 @@ throwing the botocore exception into the plan, which decides.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -39,9 +38,14 @@ def run_plan(client: Any, plan: Requests[T], sleep: Callable[[float], None] = ti
 
 
 async def run_plan_async(
-    client: Any, plan: Requests[T], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    client: Any, plan: Requests[T], sleep: Callable[[float], Awaitable[None]] | None = None
 ) -> T:
-    """Drive ``plan`` with an aiobotocore client: the only I/O of the async store."""
+    """Drive ``plan`` with an aiobotocore client: the only I/O of the async store
+    (``sleep``: ``asyncio.sleep`` unless given)."""
+    if sleep is None:
+        import asyncio  # here: the sync store, which opening a table uses, never loads it
+
+        sleep = asyncio.sleep
 
     async def perform(step: Step) -> Any:
         if isinstance(step, Sleep):

@@ -463,6 +463,26 @@ def batch_get_plan(
     return [by_key.get(key_values(key)) for key in keys]
 
 
+def get_entries_plan(
+    ctx: RequestContext, base_uri: str, versions: Sequence[int]
+) -> Requests[list[ManifestEntry]]:
+    """The entries of ``versions`` that exist, ascending: one consistent GetItem for one
+    version, one consistent BatchGetItem per 100 for more. Unlike a Query, what they
+    cost does not depend on how many versions the table has."""
+    wanted = sorted(set(versions))
+    if len(wanted) == 1:
+        entry = yield from _get_optional_plan(ctx, base_uri, wanted[0], "GetItem")
+        return [entry] if entry is not None else []
+    found: list[ManifestEntry] = []
+    for start in range(0, len(wanted), 100):
+        chunk = wanted[start : start + 100]
+        items = yield from batch_get_plan(ctx, [key_of(base_uri, v) for v in chunk])
+        found.extend(
+            entry_from_item(item, ctx.target, "BatchGetItem") for item in items if item is not None
+        )
+    return found
+
+
 def latest_plan(ctx: RequestContext, base_uri: str) -> Requests[ManifestEntry | None]:
     """Consistent Query, newest first, Limit 1 (Lance's read of the latest version)."""
     _check_base_uri(base_uri)

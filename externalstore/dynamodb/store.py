@@ -37,6 +37,7 @@ from lancetx.externalstore.dynamodb.plans import (
     batch_get_plan,
     create_table_plan,
     delete_all_plan,
+    get_entries_plan,
     get_key_plan,
     get_plan,
     latest_plan,
@@ -304,6 +305,11 @@ class DynamoDBManifestStore(ExternalManifestStore):
 
     def get(self, base_uri: str, version: int) -> ManifestEntry:
         return self._run(get_plan(self._ctx, base_uri, version))
+
+    def get_entries(self, base_uri: str, versions: Sequence[int]) -> list[ManifestEntry]:
+        """One consistent GetItem (one version) or BatchGetItem (several); see
+        :meth:`ExternalManifestStore.get_entries`."""
+        return self._run(get_entries_plan(self._ctx, base_uri, versions))
 
     def get_items(self, keys: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
         """The raw items at ``keys`` (None where there is none), in one consistent

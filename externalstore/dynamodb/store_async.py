@@ -45,6 +45,7 @@ from lancetx.externalstore.dynamodb.plans import (
     batch_get_plan,
     create_table_plan,
     delete_all_plan,
+    get_entries_plan,
     get_key_plan,
     get_plan,
     latest_plan,
@@ -252,6 +253,10 @@ class AsyncDynamoDBManifestStore(AsyncExternalManifestStore):
 
     async def get(self, base_uri: str, version: int) -> ManifestEntry:
         return await self._run(get_plan(self._ctx, base_uri, version))
+
+    async def get_entries(self, base_uri: str, versions: Sequence[int]) -> list[ManifestEntry]:
+        """See :meth:`DynamoDBManifestStore.get_entries`."""
+        return await self._run(get_entries_plan(self._ctx, base_uri, versions))
 
     async def latest(self, base_uri: str) -> ManifestEntry | None:
         return await self._run(latest_plan(self._ctx, base_uri))

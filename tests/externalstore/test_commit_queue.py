@@ -228,6 +228,11 @@ def test_a_waiter_learns_its_turn_from_the_claim_before_it(
     # Its looks that found nothing new did not make the handler list the
     # object store (for history recorded nowhere else).
     assert "ListObjectsV2" not in s3_log.operations()
+    # Each look read the version it expected next, by key (a GetItem): none was a
+    # Query from its parent on, whose cost grows with the table's history.
+    ops = queued.log.operations("dynamodb")
+    looks = ops[ops.index("UpdateItem") + 1 :]  # after it took its ticket
+    assert "GetItem" in looks and "Query" not in looks, ops
     turns = reading(base)
     assert (turns.issued, turns.served) == (2, 0)  # nobody served in the queue item
     tickets = [e.summary.ticket for e in entries.list_entries(base, 1) if e.summary]
@@ -275,6 +280,13 @@ def test_a_waiter_learns_its_turn_from_a_claim_whose_ticket_pylance_stripped(
         return listing(base_, since)
 
     monkeypatch.setattr(queued.handler, "list_versions", list_after_the_strip)
+    reading_entries = entries.get_entries
+
+    def read_after_the_strip(base_uri: str, versions: Any) -> Any:
+        stripped.wait(30)  # the same for the looks that read the versions by key
+        return reading_entries(base_uri, versions)
+
+    monkeypatch.setattr(entries, "get_entries", read_after_the_strip)
     read_queue: list[str] = []
     reading = entries.read_turns
     monkeypatch.setattr(entries, "read_turns", lambda b: read_queue.append(b) or reading(b))
@@ -349,6 +361,31 @@ def test_without_update_item_the_commit_lands_and_the_warning_names_the_action(
     assert "dynamodb:UpdateItem" in warnings[0]
     parent = load_parent(queued.handler, queued.conn.base)
     assert parent is not None and parent.version == 3
+
+
+def test_without_batch_get_item_waiters_list_and_the_warning_names_the_action(
+    queued: Queued, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A policy written before waiters looked by key denies their point reads: they
+    list the versions instead (as they did before), once told, and every commit lands."""
+    calls: list[int] = []
+
+    def denied(base_uri: str, versions: Any) -> Any:
+        calls.append(1)
+        raise AccessDeniedError(
+            "dynamodb:BatchGetItem", "arn:aws:dynamodb:::table/t", "AccessDeniedException", "no"
+        )
+
+    monkeypatch.setattr(queued.entries, "get_entries", denied)
+    contended(queued)
+    with caplog.at_level(logging.WARNING, logger="lancetx.externalstore.commit_handler"):
+        first = queued.append(0)
+        second = queued.append(1, parent=first)
+    assert (first.version, second.version) == (2, 3)
+    assert len(calls) == 1  # looks are off for the handler after the first refusal
+    warnings = [r.getMessage() for r in caplog.records if "commit queue" in r.getMessage()]
+    assert len(warnings) == 1 and "dynamodb:BatchGetItem" in warnings[0], warnings
+    assert "Query" in queued.log.operations("dynamodb")  # listed instead
 
 
 def test_writers_stop_taking_turns_while_pylance_commits_to_the_table(queued: Queued) -> None:

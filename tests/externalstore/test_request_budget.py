@@ -346,12 +346,15 @@ def test_after_a_lost_round_the_next_commit_looks_before_it_stages(
     assert second.attempts == 1 and second.version == first.version + 2
     # Contended moments ago: it queues (a ticket; nobody is ahead here), writes its
     # transaction file while it would wait, then looks for newer versions before
-    # staging — no staged-then-lost manifest. Its claim serves its ticket (the
-    # entry records it): no request between the claim and the copy.
+    # staging — no staged-then-lost manifest. The look reads the two versions after
+    # its parent by key (one consistent BatchGetItem; one landed, so it is the whole
+    # news): unlike a Query from the parent on, its cost does not grow with the
+    # history. Its claim serves its ticket (the entry records it): no request between
+    # the claim and the copy.
     assert counted.ops() == [
         "UpdateItem",
         "PutObject",
-        "Query",
+        "BatchGetItem",
         "GetObject",
         "PutObject",
         "PutItem",

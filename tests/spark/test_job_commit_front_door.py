@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from spark_helpers import data_files, referenced_files
 
+import lancetx.committing
 import lancetx.state
-import lancetx.table
 import pyspark_lancetx.commit
 from lancetx.commit.errors import LancetxError
 from pyspark_lancetx.commit import JobCommit, commit_job
@@ -44,7 +44,7 @@ def _task(job: JobCommit, ids: range) -> TaskOutput:
 def _fail_first(monkeypatch: pytest.MonkeyPatch, error: LancetxError) -> list[int]:
     """The first commit of the job raises ``error`` before anything is sent."""
     calls: list[int] = []
-    real: Callable[..., Any] = lancetx.table.run_verb
+    real: Callable[..., Any] = lancetx.committing.run_verb
 
     def run_verb(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -52,7 +52,8 @@ def _fail_first(monkeypatch: pytest.MonkeyPatch, error: LancetxError) -> list[in
             raise error
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lancetx.table, "run_verb", run_verb)
+    # the front door imports it from lancetx.committing when a verb runs
+    monkeypatch.setattr(lancetx.committing, "run_verb", run_verb)
     return calls
 
 

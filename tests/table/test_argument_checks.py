@@ -77,6 +77,9 @@ WRONG_CALLS: list[tuple[str, Callable[[lancetx.Table], Any], str, str]] = [
         "Mapping[str, str] | None",
     ),
     ("append", lambda t: t.append([], commit_message=7), "commit_message", "str | None"),
+    # pa is imported by the verb, not by lancetx.table (opening a table loads no
+    # pyarrow): the hint is still resolved and checked
+    ("append", lambda t: t.append([], schema="id"), "schema", "pa.Schema | None"),
     ("overwrite", lambda t: t.overwrite([], idempotency_key=1), "idempotency_key", "str | None"),
     ("merge_insert", lambda t: t.merge_insert(5), "on", "str | Sequence[str]"),
     (

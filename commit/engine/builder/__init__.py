@@ -38,27 +38,71 @@ the shared steps named as such (:mod:`.fragment_ids`, :mod:`.row_ids`,
 (:mod:`.errors`).
 """
 
-from lancetx.commit.engine.builder.common import (
-    DEFAULT_DATA_STORAGE_VERSION,
-    FLAG_BASE_PATHS,
-    FLAG_DELETION_FILES,
-    FLAG_DISABLE_TRANSACTION_FILE,
-    FLAG_STABLE_ROW_IDS,
-    FLAG_TABLE_CONFIG,
-    FRAG_REUSE_INDEX_NAME,
-    KNOWN_FEATURE_FLAGS,
-    LANCE_FILE_FORMAT,
-    MEM_WAL_INDEX_NAME,
-    SYSTEM_INDEX_NAMES,
-    BuiltManifest,
-    fragment_bitmap,
-    serialize_bitmap,
-)
-from lancetx.commit.engine.builder.driver import build_manifest
-from lancetx.commit.engine.builder.errors import (
-    InvalidTransactionError,
-    UnsupportedTransactionError,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names below are loaded on first use (PEP 562): the error tree imports
+# ``.errors``, which runs this package first, and opening a table must not load the
+# builder (``tests/test_import_cost.py``).
+if TYPE_CHECKING:
+    from lancetx.commit.engine.builder.common import (
+        DEFAULT_DATA_STORAGE_VERSION,
+        FLAG_BASE_PATHS,
+        FLAG_DELETION_FILES,
+        FLAG_DISABLE_TRANSACTION_FILE,
+        FLAG_STABLE_ROW_IDS,
+        FLAG_TABLE_CONFIG,
+        FRAG_REUSE_INDEX_NAME,
+        KNOWN_FEATURE_FLAGS,
+        LANCE_FILE_FORMAT,
+        MEM_WAL_INDEX_NAME,
+        SYSTEM_INDEX_NAMES,
+        BuiltManifest,
+        fragment_bitmap,
+        serialize_bitmap,
+    )
+    from lancetx.commit.engine.builder.driver import build_manifest
+    from lancetx.commit.engine.builder.errors import (
+        InvalidTransactionError,
+        UnsupportedTransactionError,
+    )
+
+_WHERE = {
+    **dict.fromkeys(
+        (
+            "DEFAULT_DATA_STORAGE_VERSION",
+            "FLAG_BASE_PATHS",
+            "FLAG_DELETION_FILES",
+            "FLAG_DISABLE_TRANSACTION_FILE",
+            "FLAG_STABLE_ROW_IDS",
+            "FLAG_TABLE_CONFIG",
+            "FRAG_REUSE_INDEX_NAME",
+            "KNOWN_FEATURE_FLAGS",
+            "LANCE_FILE_FORMAT",
+            "MEM_WAL_INDEX_NAME",
+            "SYSTEM_INDEX_NAMES",
+            "BuiltManifest",
+            "fragment_bitmap",
+            "serialize_bitmap",
+        ),
+        "lancetx.commit.engine.builder.common",
+    ),
+    "build_manifest": "lancetx.commit.engine.builder.driver",
+    "InvalidTransactionError": "lancetx.commit.engine.builder.errors",
+    "UnsupportedTransactionError": "lancetx.commit.engine.builder.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_DATA_STORAGE_VERSION",
