@@ -140,7 +140,9 @@ def test_a_schema_naming_what_the_table_lacks_is_refused_by_name(
 ) -> None:
     uri = str(tmp_path / "s.lance")
     lance.write_dataset(pa.table({"id": np.arange(3), "name": ["a", "b", "c"]}), uri)
-    with pytest.raises(Exception, match=r"SparkSchemaError: column 'nope' cannot be read from .*not a column"):
+    with pytest.raises(
+        Exception, match=r"SparkSchemaError: column 'nope' cannot be read from .*not a column"
+    ):
         spark.read.format("lancetx").schema("id long, nope string").load(uri).collect()
     with pytest.raises(Exception, match=r"column 'ID'.*did you mean 'id'"):
         spark.read.format("lancetx").schema("ID long").load(uri).collect()
