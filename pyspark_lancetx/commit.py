@@ -252,7 +252,7 @@ def one_per_partition(job: JobCommit, outputs: Sequence[TaskOutput]) -> list[Tas
             job.job_id,
             job.plan.uri,
             len(extra),
-            sorted({out.partition for out in extra}),
+            sorted({out.partition for out in extra if out.partition is not None}),
             ", ".join(f"partition {out.partition} attempt {out.attempt}" for out in extra),
             len(paths) - len(left),
             f", could not remove {left} (lancetx-sync gc collects them)" if left else "",

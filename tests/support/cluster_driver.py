@@ -10,7 +10,7 @@ to stdout/stderr): ``{"scenario": name, ...arguments}`` → ``{"ok": true, ...}`
 ``write`` (a batch job, see :func:`write`), ``read``, ``quit``.
 
 Every written row carries the Spark partition (``part``) and task attempt
-(``attempt``) that produced it, added by a ``mapInArrow`` step before the write:
+(``attempt``) that produced it, added by a Python step pipelined into the write task:
 the tests read them back with pylance to tell which attempt's files were committed.
 """
 
@@ -105,14 +105,13 @@ def processes(spark: Any, request: dict[str, Any]) -> dict[str, Any]:
     return {"tasks": rows, "driver_pid": os.getpid()}
 
 
-def tag_attempts(marker_dir: str | None, slow: bool) -> Callable[[Any], Iterator[Any]]:
-    """The ``mapInArrow`` step: adds ``part``/``attempt``; with ``slow``, the first
-    attempt of partition 0 waits (before its first row) until a later attempt of
-    partition 0 has produced all its rows, so speculation copies it for sure and
-    both attempts write files."""
+def tag_attempts(marker_dir: str | None, slow: bool) -> Callable[[Iterator[int]], Iterator[Any]]:
+    """The step before the write (a Python RDD step, pipelined into the write's task):
+    adds ``part``/``attempt`` to each id; with ``slow``, the first attempt of partition
+    0 waits (before its first row) until a later attempt of partition 0 has produced all
+    its rows, so speculation copies it for sure and both attempts write files."""
 
-    def step(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+    def step(ids: Iterator[int]) -> Iterator[tuple[int, int, int]]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
@@ -125,16 +124,8 @@ def tag_attempts(marker_dir: str | None, slow: bool) -> Callable[[Any], Iterator
                 if time.monotonic() > deadline:
                     break  # the test then finds no second attempt and says so
                 time.sleep(0.05)
-        for batch in batches:
-            n = batch.num_rows
-            yield pa.RecordBatch.from_arrays(
-                [
-                    batch.column(0),
-                    pa.array([part] * n, pa.int32()),
-                    pa.array([attempt] * n, pa.int32()),
-                ],
-                names=["id", "part", "attempt"],
-            )
+        for i in ids:
+            yield (i, part, attempt)
         if marker_dir is not None and slow and part == 0 and attempt > 0:
             open(os.path.join(marker_dir, f"produced-p0-a{attempt}"), "w").close()
 
@@ -151,10 +142,9 @@ def write(spark: Any, request: dict[str, Any]) -> dict[str, Any]:
     wait_for_executors(spark)
     context = spark.sparkContext
     first, rows = request["first"], request["rows"]
-    frame = spark.range(first, first + rows, 1, request.get("partitions", 2)).mapInArrow(
-        tag_attempts(request.get("marker_dir"), request.get("slow", False)),
-        "id long, part int, attempt int",
-    )
+    ids = context.range(first, first + rows, 1, request.get("partitions", 2))
+    step = tag_attempts(request.get("marker_dir"), request.get("slow", False))
+    frame = spark.createDataFrame(ids.mapPartitions(step), "id long, part int, attempt int")
     writer = (
         frame.write.format("lancetx")
         .mode(request.get("mode", "append"))
