@@ -56,3 +56,21 @@ def test_reports_outside_a_spark_task_all_count(tmp_path: Path) -> None:
     outs = [replace(out, partition=None, attempt=None) for out in outs]
     commit_job(job, outs)
     assert lance.dataset(uri).count_rows() == 15
+
+
+def test_a_task_reports_its_spark_partition_and_attempt(tmp_path: Path) -> None:
+    from pyspark import TaskContext
+
+    job = _job(str(tmp_path / "t.lance"))
+    context = TaskContext(partitionId=3, attemptNumber=2, localProperties={})
+    try:
+        out = write_task(
+            iter(pa.table({"id": [1], "attempt": [2]}, schema=SCHEMA).to_batches()), job.plan
+        )
+    finally:
+        TaskContext._setTaskContext(None)
+    assert (out.partition, out.attempt) == (3, 2)
+    outside = write_task(
+        iter(pa.table({"id": [1], "attempt": [0]}, schema=SCHEMA).to_batches()), job.plan
+    )
+    assert (outside.partition, outside.attempt) == (None, None)

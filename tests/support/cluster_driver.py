@@ -105,11 +105,24 @@ def processes(spark: Any, request: dict[str, Any]) -> dict[str, Any]:
     return {"tasks": rows, "driver_pid": os.getpid()}
 
 
-def tag_attempts(marker_dir: str | None, slow: bool) -> Callable[[Iterator[int]], Iterator[Any]]:
+def _wait_for(marker_dir: str, prefix: str) -> None:
+    deadline = time.monotonic() + SPECULATION_BUDGET
+    while not any(n.startswith(prefix) for n in os.listdir(marker_dir)):
+        if time.monotonic() > deadline:
+            return  # the test then finds the attempt missing and says so
+        time.sleep(0.05)
+
+
+def tag_attempts(
+    marker_dir: str | None, slow: bool, hold: bool
+) -> Callable[[Iterator[int]], Iterator[Any]]:
     """The step before the write (a Python RDD step, pipelined into the write's task):
-    adds ``part``/``attempt`` to each id; with ``slow``, the first attempt of partition
+    adds ``part``/``attempt`` to each id. With ``slow``, the first attempt of partition
     0 waits (before its first row) until a later attempt of partition 0 has produced all
-    its rows, so speculation copies it for sure and both attempts write files."""
+    its rows, so speculation copies it for sure and both attempts write files. With
+    ``hold``, the other partitions wait until a second attempt of partition 0 started:
+    no task finishes before partition 0's first attempt has met its fault, so
+    speculation cannot copy it away first."""
 
     def step(ids: Iterator[int]) -> Iterator[tuple[int, int, int]]:
         from pyspark import TaskContext
@@ -118,12 +131,12 @@ def tag_attempts(marker_dir: str | None, slow: bool) -> Callable[[Iterator[int]]
         part, attempt = context.partitionId(), context.attemptNumber()
         if marker_dir is not None:
             open(os.path.join(marker_dir, f"started-p{part}-a{attempt}"), "w").close()
-        if slow and part == 0 and attempt == 0:
-            deadline = time.monotonic() + SPECULATION_BUDGET
-            while not any(n.startswith("produced-p0-") for n in os.listdir(marker_dir or ".")):
-                if time.monotonic() > deadline:
-                    break  # the test then finds no second attempt and says so
-                time.sleep(0.05)
+            if part == 0 and attempt > 0:
+                open(os.path.join(marker_dir, f"retried-p0-a{attempt}"), "w").close()
+        if marker_dir is not None and slow and part == 0 and attempt == 0:
+            _wait_for(marker_dir, "produced-p0-")
+        if marker_dir is not None and hold and part != 0:
+            _wait_for(marker_dir, "retried-p0-")
         for i in ids:
             yield (i, part, attempt)
         if marker_dir is not None and slow and part == 0 and attempt > 0:
@@ -135,15 +148,19 @@ def tag_attempts(marker_dir: str | None, slow: bool) -> Callable[[Iterator[int]]
 def write(spark: Any, request: dict[str, Any]) -> dict[str, Any]:
     """A batch job: ``rows`` ids from ``first`` in ``partitions`` partitions, ``mode``
     append/overwrite, optional ``job_id``; ``slow`` makes partition 0's first attempt
-    wait for a speculative copy; ``fault`` is the after-write fault of partition 0's
-    first attempt (``pyspark_lancetx.write_task.AFTER_WRITE_FAULT_PROPERTY``)."""
+    wait for a speculative copy, ``hold`` the other partitions for partition 0's retry
+    (markers in ``marker_dir``, see :func:`tag_attempts`); ``fault`` is the after-write
+    fault of partition 0's first attempt
+    (``pyspark_lancetx.write_task.AFTER_WRITE_FAULT_PROPERTY``)."""
     from pyspark_lancetx.write_task import AFTER_WRITE_FAULT_PROPERTY
 
     wait_for_executors(spark)
     context = spark.sparkContext
     first, rows = request["first"], request["rows"]
     ids = context.range(first, first + rows, 1, request.get("partitions", 2))
-    step = tag_attempts(request.get("marker_dir"), request.get("slow", False))
+    step = tag_attempts(
+        request.get("marker_dir"), request.get("slow", False), request.get("hold", False)
+    )
     frame = spark.createDataFrame(ids.mapPartitions(step), "id long, part int, attempt int")
     writer = (
         frame.write.format("lancetx")

@@ -40,9 +40,7 @@ def _read(uri: str, storage: dict[str, str]) -> Any:
     return lance.dataset(uri, storage_options=storage).to_table()
 
 
-def _attempts_per_partition(
-    uri: str, storage: dict[str, str], ids: range
-) -> dict[int, set[int]]:
+def _attempts_per_partition(uri: str, storage: dict[str, str], ids: range) -> dict[int, set[int]]:
     """The task attempts whose rows the table holds, per partition of the job that
     wrote ``ids``."""
     table = _read(uri, storage)
@@ -172,13 +170,22 @@ def test_a_speculative_copy_commits_exactly_one_attempt_per_partition(
 
 
 def test_a_python_worker_killed_after_writing_leaves_files_only_gc_collects(
-    cluster: Any, ddb_uri: str, storage: dict[str, str]
+    cluster: Any, ddb_uri: str, storage: dict[str, str], tmp_path: Path
 ) -> None:
     _write(cluster, uri=ddb_uri, storage=storage, first=0, rows=ROWS, job_id="base")
     before = data_files(ddb_uri, storage)
     _write(
-        cluster, uri=ddb_uri, storage=storage, first=ROWS, rows=ROWS, job_id="exit", fault="exit"
+        cluster,
+        uri=ddb_uri,
+        storage=storage,
+        first=ROWS,
+        rows=ROWS,
+        job_id="exit",
+        fault="exit",
+        hold=True,
+        marker_dir=str(tmp_path),
     )
+    assert (tmp_path / "retried-p0-a1").exists()  # the fault fired; Spark ran the task again
     history = table_history(ddb_uri, storage)
     assert [h.job_id for h in history] == ["base", "exit"]  # the retry committed, once
     assert sorted(_read(ddb_uri, storage).column("id").to_pylist()) == list(range(2 * ROWS))
@@ -194,11 +201,12 @@ def test_a_python_worker_killed_after_writing_leaves_files_only_gc_collects(
 
 
 def test_an_executor_killed_mid_job_the_retry_commits_once(
-    cluster: Any, ddb_uri: str, storage: dict[str, str]
+    cluster: Any, ddb_uri: str, storage: dict[str, str], tmp_path: Path
 ) -> None:
     """Partition 0's first attempt SIGKILLs its executor JVM once its files are written
-    (the job is mid-flight: the other partition may still run); Spark runs the task
-    again elsewhere, and the job commits once."""
+    (the job is mid-flight: the other partition waits for partition 0's retry, so that
+    speculation cannot finish partition 0 first); Spark runs the task again on a new
+    executor, and the job commits once."""
     _write(cluster, uri=ddb_uri, storage=storage, first=0, rows=ROWS, job_id="base")
     executors = set(cluster.cluster.executor_pids())
     _write(
@@ -209,7 +217,10 @@ def test_an_executor_killed_mid_job_the_retry_commits_once(
         rows=ROWS,
         job_id="lost-executor",
         fault="kill-executor",
+        hold=True,
+        marker_dir=str(tmp_path),
     )
+    assert (tmp_path / "retried-p0-a1").exists()  # the fault fired; Spark ran the task again
     history = table_history(ddb_uri, storage)
     assert [h.job_id for h in history] == ["base", "lost-executor"]
     assert sorted(_read(ddb_uri, storage).column("id").to_pylist()) == list(range(2 * ROWS))
