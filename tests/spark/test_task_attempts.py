@@ -62,7 +62,8 @@ def test_a_task_reports_its_spark_partition_and_attempt(tmp_path: Path) -> None:
     from pyspark import TaskContext
 
     job = _job(str(tmp_path / "t.lance"))
-    context = TaskContext(partitionId=3, attemptNumber=2, localProperties={})
+    # The running task's context, as a Python worker sets it up.
+    TaskContext(partitionId=3, attemptNumber=2, localProperties={})
     try:
         out = write_task(
             iter(pa.table({"id": [1], "attempt": [2]}, schema=SCHEMA).to_batches()), job.plan
