@@ -33,7 +33,9 @@ from pyspark_lancetx import table_history
 ROUNDS = sized("LANCETX_SPECULATION_ROUNDS", quick=1, long=10)
 ROWS = 2_000
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+# A cluster of its own (two daemons, two executor JVMs, a driver process): started once
+# per run, in CI's long pass only, so `make test` stays within its budget.
+pytestmark = [pytest.mark.slow, pytest.mark.long_only, pytest.mark.timeout(3600)]
 
 
 def _read(uri: str, storage: dict[str, str]) -> Any:
