@@ -52,6 +52,7 @@ committed) tries ``latest + 1`` straight away: no listing, no extra read.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -72,6 +73,7 @@ from lancetx.commit.engine.effects import (
     DeleteObject,
     Effect,
     Gather,
+    HeadObject,
     Names,
     PutObject,
     ReadManifest,
@@ -143,6 +145,7 @@ from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
 from lancetx.commit.sansio import relay
+from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -589,12 +592,42 @@ def _finish_parent(state: _Attempts) -> Steps[None]:
     current = state.current
     if current is None or current.location.alternate_key is None:
         return
+    copied = yield from _copied_already(current.location)
+    if copied is not None:
+        state.current = Parent(copied, current.manifest)
+        return
     finished: ManifestLocation = yield ResolveVersion(state.base, current.version)
     if finished.alternate_key is not None:
         # Finishing it failed (the reader's side is best effort and said so
         # in the log): claiming on top now would leave it behind for good.
         raise UnfinishedParentError(state.uri, current.version, state.ours.uuid, finished.key)
     state.current = Parent(finished, current.manifest)
+
+
+def _copied_already(staged: ManifestLocation) -> Steps[ManifestLocation | None]:
+    """``staged``'s version at its final name, when its writer's copy is there
+    already (one HEAD: the object holds exactly the bytes the claim handed over,
+    by their MD5) — what a writer next in the commit queue usually finds, just
+    after the claim it watched. None otherwise (no handover to compare with, not
+    copied yet, another ETag): the version is finished the long way."""
+    data = staged.handed_over()
+    final = staged.alternate_key
+    if data is None or final is None:
+        return None
+    try:
+        meta: ObjectMeta = yield HeadObject(final)
+    except LancetxError:
+        return None
+    if (
+        meta.size != len(data)
+        or _etag(meta.etag) != hashlib.md5(data, usedforsecurity=False).hexdigest()
+    ):
+        return None
+    return dataclasses.replace(staged, key=final, etag=meta.etag, alternate_key=None, handover=None)
+
+
+def _etag(value: str | None) -> str | None:
+    return value.strip('"').lower() if value else None
 
 
 def _build(state: _Attempts) -> Steps[_Built]:

@@ -3,9 +3,14 @@ an external manifest store hands to a reader."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 from lancetx.commit.format.naming import NamingScheme
+
+#: The largest handover (a staged manifest, compressed) a claim carries in its
+#: entry: a DynamoDB item holds 400 KB, and each KB written is a write unit.
+HANDOVER_LIMIT = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,3 +63,32 @@ class ManifestLocation:
     alternate_key: str | None = None
     summary: TransactionSummary | None = field(default=None, compare=False)
     removed: bool = field(default=False, compare=False)
+    #: The staged manifest's bytes as its claim carried them (see :func:`pack_handover`),
+    #: when the store that located it holds them: the next writer in the commit queue
+    #: builds on them without reading the object.
+    handover: bytes | None = field(default=None, compare=False, repr=False)
+
+    def handed_over(self) -> bytes | None:
+        """The manifest's bytes from :attr:`handover`, or None (none, or not these bytes)."""
+        return unpack_handover(self.handover, self.size) if self.handover is not None else None
+
+
+def pack_handover(manifest: bytes) -> bytes | None:
+    """A staged manifest as a claim carries it to the writers waiting in the commit
+    queue (compressed), or None when it is too large to be worth carrying."""
+    packed = zlib.compress(manifest, 1)
+    return packed if len(packed) <= HANDOVER_LIMIT else None
+
+
+def unpack_handover(packed: bytes, size: int | None) -> bytes | None:
+    """The manifest :func:`pack_handover` packed, or None when ``packed`` is not a
+    manifest of ``size`` bytes (anything else, however it came, is ignored: the
+    reader then reads the object, which the claim vouches for)."""
+    if size is None or size <= 0:
+        return None
+    try:
+        unpacker = zlib.decompressobj()
+        data = unpacker.decompress(packed, size + 1)
+    except zlib.error:
+        return None
+    return data if len(data) == size and unpacker.eof else None
