@@ -588,7 +588,10 @@ def _finish_parent(state: _Attempts) -> Steps[None]:
     """The parent is still a staged manifest (its writer crashed or is still
     finalizing): finish it before claiming on top of it, so the object store
     never lags more than one commit behind (a reader that does not know the
-    external store, or a copy of the directory, would see a hole otherwise)."""
+    external store, or a copy of the directory, would see a hole otherwise).
+    A parent whose bytes its claim handed over needs only its final copy in
+    place (its writer's pointer flip follows; any reader finishes that): one
+    HEAD, the next in line's usual case in the commit queue."""
     current = state.current
     if current is None or current.location.alternate_key is None:
         return
