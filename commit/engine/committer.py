@@ -476,9 +476,9 @@ def _attempts(state: _Attempts) -> Steps[Committed]:
             mine = yield from _judge(state)
             if mine is not None:
                 return mine
-        yield from _finish_parent(state)
-        # 2. Build, write the transaction file, encode.
-        built = yield from _build(state)
+        # 2. Build, write the transaction file, encode (beside the check of a
+        # staged parent's final copy).
+        built = yield from _finish_parent_and_build(state)
         # 3. Claim.
         committed = yield from _claim(state, built)
         if committed is not None:
@@ -584,7 +584,22 @@ def _judge(state: _Attempts) -> Steps[Committed | None]:
     return None
 
 
-def _finish_parent(state: _Attempts) -> Steps[None]:
+def _finish_parent_and_build(state: _Attempts) -> Steps[_Built]:
+    """:func:`_finish_parent`, then :func:`_build`; when the parent's claim handed
+    its manifest over, the HEAD of its final copy is sent while ours is built."""
+    current = state.current
+    if current is None or current.location.handed_over() is None:
+        yield from _finish_parent(state)
+        return (yield from _build(state))
+    copied, built = yield Gather([_copied_already(current.location), _build(state)], 2)
+    if copied is not None:
+        state.current = Parent(copied, current.manifest)
+    else:
+        yield from _finish_parent(state, checked=True)
+    return built  # type: ignore[no-any-return]
+
+
+def _finish_parent(state: _Attempts, *, checked: bool = False) -> Steps[None]:
     """The parent is still a staged manifest (its writer crashed or is still
     finalizing): finish it before claiming on top of it, so the object store
     never lags more than one commit behind (a reader that does not know the
@@ -595,7 +610,7 @@ def _finish_parent(state: _Attempts) -> Steps[None]:
     current = state.current
     if current is None or current.location.alternate_key is None:
         return
-    copied = yield from _copied_already(current.location)
+    copied = None if checked else (yield from _copied_already(current.location))
     if copied is not None:
         state.current = Parent(copied, current.manifest)
         return
