@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 NEW_VENV := test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt --upgrade pip
 
-.PHONY: venv demo test lint typecheck pytest protos lock clean
+.PHONY: venv demo demo-cluster test lint typecheck pytest protos lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(NEW_VENV)
@@ -34,6 +34,12 @@ venv: $(STAMP)
 ## through an in-process moto server for S3 (legacy) + DynamoDB.
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m lancetx.demo.spark
+
+## The demo's Spark jobs on a standalone cluster of their own: a master and two workers
+## started from the installed pyspark (executors in JVMs of their own), stopped by PID
+## when it ends, fails or is interrupted.
+demo-cluster: $(DEMO_STAMP)
+	$(BIN)/python -m lancetx.demo.cluster
 
 ## Lint, type-check, then the whole test suite.
 test: lint typecheck pytest

@@ -17,8 +17,10 @@ planned at ``v0``:
 Each child prepares outside the measured window (connect, read ``v0``, write
 its data files), then signals, and the commit alone is measured: wall time,
 the child's CPU seconds (``time.process_time``: all its threads, pylance's Rust
-ones included; the server runs in the parent, so its CPU is not counted) and
-the requests the server saw. Rounds alternate which system commits first (the
+ones included; the server runs in the parent, so its CPU is not counted), the
+server's CPU seconds over the same window (the parent's ``time.process_time``: it
+only serves meanwhile; the server answers one request at a time, so this is a floor
+under the commit's wall time) and the requests the server saw. Rounds alternate which system commits first (the
 second one is ``behind + 1`` versions behind). The ratios are paired: lancetx /
 pylance within each round, then the median over the rounds; the load average
 at start and end is printed with them.
@@ -133,9 +135,13 @@ def measure(
         proc.kill()
         raise RuntimeError(f"{system} child failed to prepare: {line!r}")
     counter.take()
+    # The server runs in this process, which does nothing else meanwhile: its CPU
+    # over the commit is what the server spent on that system's requests.
+    server_cpu = time.process_time()
     proc.stdin.write("go\n")
     proc.stdin.flush()
     result: dict[str, Any] = json.loads(proc.stdout.readline())
+    result["server_cpu_seconds"] = time.process_time() - server_cpu
     seen = counter.take()
     proc.wait(timeout=60)
     result["requests"] = len(seen)
@@ -205,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(
                         f"round {round_} {system}: {result['seconds'] * 1000:.0f} ms, "
                         f"CPU {result['cpu_seconds'] * 1000:.0f} ms, "
+                        f"server CPU {result['server_cpu_seconds'] * 1000:.0f} ms, "
                         f"{result['requests']} requests",
                         file=sys.stderr,
                     )
@@ -220,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 str(len(runs)),
                 fmt(statistics.median(r["seconds"] for r in runs) * 1000),
                 fmt(statistics.median(r["cpu_seconds"] for r in runs) * 1000),
+                fmt(statistics.median(r["server_cpu_seconds"] for r in runs) * 1000),
                 fmt(statistics.fmean(r["requests"] for r in runs)),
                 ", ".join(f"{op} {n / len(runs):g}" for op, n in sorted(ops.items())),
             ]
@@ -236,19 +244,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     ratio_t = statistics.median(lx["seconds"] / py["seconds"] for lx, py in pairs)
     ratio_c = statistics.median(lx["cpu_seconds"] / py["cpu_seconds"] for lx, py in pairs)
+    ratio_s = statistics.median(
+        lx["server_cpu_seconds"] / py["server_cpu_seconds"] for lx, py in pairs
+    )
     print(
         f"### A commit {args.behind} versions behind a history {args.history} wrote, table of "
         f"{results[-1]['fragments']} fragments\n"
     )
     print(
         markdown_table(
-            ["system", "rounds", "median ms", "median CPU ms", "requests", "by operation"],
+            [
+                "system",
+                "rounds",
+                "median ms",
+                "median CPU ms",
+                "server CPU ms",
+                "requests",
+                "by operation",
+            ],
             rows_out,
         )
     )
     print(
         f"\nlancetx / pylance, median of {len(pairs)} paired rounds: time {ratio_t:.2f}x, "
-        f"CPU {ratio_c:.2f}x (load average {' '.join(f'{x:.2f}' for x in load_start)} -> "
+        f"CPU {ratio_c:.2f}x, server CPU {ratio_s:.2f}x "
+        f"(load average {' '.join(f'{x:.2f}' for x in load_start)} -> "
         f"{' '.join(f'{x:.2f}' for x in load_end)})"
     )
     if args.json:
@@ -263,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "results": results,
                 "ratio_time": ratio_t,
                 "ratio_cpu": ratio_c,
+                "ratio_server_cpu": ratio_s,
             },
         )
     return 0

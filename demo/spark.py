@@ -100,7 +100,8 @@ def run(spark: Any, append_jobs: int, rows: int, pylance_appends: int) -> bool:
         create_table(boto3.client("dynamodb", **aws.client_kwargs()), "lancetx_demo_manifests")
         uri = "s3+ddb://lancetx-demo/events.lance?ddbTableName=lancetx_demo_manifests"
         print(f"table {uri}")
-        print(f"Spark {spark.version} local mode, {spark.sparkContext.defaultParallelism} cores")
+        context = spark.sparkContext
+        print(f"Spark {spark.version} on {context.master}, {context.defaultParallelism} cores")
         options = {f"storage.{k}": v for k, v in storage.items()}
 
         def spark_job(name: str, mode: str, first_id: int) -> Callable[[], None]:

@@ -31,33 +31,17 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, nullcontext
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
-from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
-from lancetx.commit.handlers.probe import PROBE_OPTION
-from lancetx.commit.storage.limits import ReadLimits
-from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.commit.storage.s3store import S3Config, S3ObjectStore, parse_bool_option
-from lancetx.commit.storage.stores import open_object_store
-from lancetx.externalstore.base import ExternalManifestStore
-from lancetx.externalstore.commit_handler import (
-    AsyncExternalStoreCommitHandler,
-    ExternalStoreCommitHandler,
-)
-from lancetx.externalstore.dynamodb.config import DynamoDBConfig
-from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
-from lancetx.externalstore.dynamodb.table_checks import (
-    check_stamp_and_moved,
-    check_stamp_and_moved_async,
-)
-from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
-from lancetx.externalstore.errors import (
-    DynamoDBTableNotFoundError,
-    DynamoDBTableSchemaError,
-    StoreSchemaTooNewError,
-    TableMovedError,
-)
-from lancetx.externalstore.preflight import Preflight
+
+# Each scheme imports what only it uses when it opens a table: opening a local table
+# loads neither botocore nor the DynamoDB store, and an ``s3+ddb://`` table none of
+# the asyncio stores (``tests/test_import_cost.py``).
+if TYPE_CHECKING:
+    from lancetx.commit.storage.objectstore import ObjectStore
+    from lancetx.externalstore.base import ExternalManifestStore
+    from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 
 __all__ = [
     "SCHEMES",
@@ -137,6 +121,20 @@ class DynamoDBScheme(Scheme):
     external = True
 
     def connect(self, uri: str, options: dict[str, str]) -> TableConnection:
+        from lancetx.commit.storage.s3store import S3ObjectStore
+        from lancetx.commit.storage.stores import open_object_store
+        from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+        from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+        from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+        from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
+        from lancetx.externalstore.errors import (
+            DynamoDBTableNotFoundError,
+            DynamoDBTableSchemaError,
+            StoreSchemaTooNewError,
+            TableMovedError,
+        )
+        from lancetx.externalstore.preflight import Preflight
+
         parsed = parse_ddb_uri(uri)
         store, _ = open_object_store(parsed.s3_uri, options, legacy=True)
         if isinstance(store, S3ObjectStore):
@@ -172,6 +170,11 @@ class DynamoDBScheme(Scheme):
         return _AsyncDynamoDBHandler(conn.uri, conn.storage_options)
 
     def open_stores(self, uri: str, options: dict[str, str], *, validate: bool) -> TableStores:
+        from lancetx.commit.storage.stores import open_object_store
+        from lancetx.externalstore.dynamodb.config import DynamoDBConfig
+        from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
+        from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
+
         parsed = parse_ddb_uri(uri)
         store, _ = open_object_store(parsed.s3_uri, options, legacy=True)
         entries = DynamoDBManifestStore.from_config(
@@ -195,6 +198,8 @@ def _table_checks(entries: DynamoDBManifestStore, base: str) -> list[Callable[[]
     runs), in one BatchGetItem; a table of another key layout rejects that read (see
     :mod:`lancetx.externalstore.dynamodb.table_checks`). The layout itself is checked
     (DescribeTable) beside the first write."""
+    from lancetx.externalstore.dynamodb.table_checks import check_stamp_and_moved
+
     return [lambda: check_stamp_and_moved(entries, base)]
 
 
@@ -212,8 +217,14 @@ class _AsyncDynamoDBHandler:
     async def __aenter__(self) -> AsyncCommitHandler:
         # The asyncio stores need the [async] extra: imported only when one is opened,
         # so the sync API never loads aioboto3.
+        from lancetx.commit.storage.limits import ReadLimits
+        from lancetx.commit.storage.s3store import S3Config
         from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
+        from lancetx.externalstore.commit_handler import AsyncExternalStoreCommitHandler
+        from lancetx.externalstore.dynamodb.config import DynamoDBConfig
         from lancetx.externalstore.dynamodb.store_async import AsyncDynamoDBManifestStore
+        from lancetx.externalstore.dynamodb.table_checks import check_stamp_and_moved_async
+        from lancetx.externalstore.dynamodb.uri import parse_ddb_uri
 
         parsed, options = parse_ddb_uri(self._uri), self._options
         try:
@@ -253,16 +264,31 @@ class ObjectStoreScheme(Scheme):
     decides who claims a version."""
 
     def connect(self, uri: str, options: dict[str, str]) -> TableConnection:
+        from lancetx.commit.handlers.conditional_put import ConditionalPutCommitHandler
+        from lancetx.commit.handlers.probe import PROBE_OPTION
+        from lancetx.commit.storage.stores import open_object_store
+
         store, base = open_object_store(uri, options)
         raw = next((v for k, v in options.items() if k.lower() == PROBE_OPTION), None)
-        probe = parse_bool_option(PROBE_OPTION, raw) if raw is not None else True
+        if raw is None:
+            probe = True
+        else:
+            from lancetx.commit.storage.s3store import parse_bool_option
+
+            probe = parse_bool_option(PROBE_OPTION, raw)
         handler = ConditionalPutCommitHandler(store, probe=probe)
         return TableConnection(uri, handler, base, uri, options)
 
     def open_stores(self, uri: str, options: dict[str, str], *, validate: bool) -> TableStores:
+        from lancetx.commit.storage.stores import open_object_store
+
         del validate  # nothing to validate without an external store
         store, base = open_object_store(uri, options)
-        bucket = store.bucket if isinstance(store, S3ObjectStore) else None
+        bucket = None
+        if uri.lower().startswith("s3://"):  # a local store has none (and needs no botocore)
+            from lancetx.commit.storage.s3store import S3ObjectStore
+
+            bucket = store.bucket if isinstance(store, S3ObjectStore) else None
         return TableStores(
             uri=uri, store=store, base=base, entries=None, data_uri=uri, bucket=bucket
         )

@@ -27,8 +27,6 @@ import typing
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
-from lancetx.errors import ArgumentTypeError
-
 P = ParamSpec("P")
 R = TypeVar("R")
 C = TypeVar("C", bound=type)
@@ -207,6 +205,8 @@ def checked(fn: Callable[P, R]) -> Callable[P, R]:
                 if not matches(item, expected):
                     annotation = param.annotation
                     call, shown = named(args)
+                    from lancetx.errors import ArgumentTypeError
+
                     raise ArgumentTypeError(
                         call,
                         name,

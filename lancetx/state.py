@@ -16,8 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lancetx.commit.engine.loading import Parent
-from lancetx.commit.engine.parents import load_parent
+from lancetx.commit.engine.parents import Parent, load_parent
 from lancetx.commit.errors import DatasetNotFoundError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join

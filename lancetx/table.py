@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lancetx.arguments import checked, checked_methods
 from lancetx.commit.errors import DatasetNotFoundError
-from lancetx.errors import PylanceCommitsItselfError, ReadOnlyTableError, TableExistsError
 from lancetx.state import TableState
 
 # Opening a table and reading its version loads none of the modules below (every
@@ -85,6 +84,8 @@ class TableVerbs(Generic[R]):
     def __getattr__(self, name: str) -> Any:
         alternative = REFUSED_VERBS.get(name)
         if alternative is not None:
+            from lancetx.errors import PylanceCommitsItselfError
+
             raise PylanceCommitsItselfError(self.uri, f"LanceDataset.{name}", alternative)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -632,7 +633,7 @@ class Table(TableVerbs[int]):
         commit, opens the table once). Creates the table if it has no version yet
         (``lancetx.open(uri, missing_ok=True)``). Returns the CommitResult."""
         if self._pinned is not None:
-            raise ReadOnlyTableError(self.uri, self._pinned)
+            raise _read_only(self.uri, self._pinned)
         from lancetx.committing import run_verb
         from lancetx.verbs.writing import fragments_verb
 
@@ -663,7 +664,7 @@ class Table(TableVerbs[int]):
         self, plan: Plan, args: CommitArgs, flags: VerbFlags | None = None
     ) -> CommitResult:
         if self._pinned is not None:
-            raise ReadOnlyTableError(self.uri, self._pinned)
+            raise _read_only(self.uri, self._pinned)
         from lancetx.committing import run_verb
 
         result = run_verb(self._state, plan, args, flags or _flags())
@@ -681,7 +682,7 @@ class Table(TableVerbs[int]):
     ) -> TableWriter:
         """A streaming writer: ``with table.writer() as w: w.write(batch); w.commit()``."""
         if self._pinned is not None:
-            raise ReadOnlyTableError(self.uri, self._pinned)
+            raise _read_only(self.uri, self._pinned)
         from lancetx.writer import TableWriter
 
         return TableWriter(
@@ -763,6 +764,14 @@ class MergeInsertBuilder(Generic[R]):
 # ---------------------------------------------------------------------- front door
 
 
+def _read_only(uri: str, version: int) -> Exception:
+    """The error a write through a read-only view raises (the front door's errors are
+    imported when one is raised: opening a table loads none of the tree)."""
+    from lancetx.errors import ReadOnlyTableError
+
+    return ReadOnlyTableError(uri, version)
+
+
 @checked
 def open(
     uri: str,
@@ -834,6 +843,8 @@ def write_table(
     state = TableState.connect(uri, storage_options)
     latest = state.refresh()
     if mode == "create" and latest is not None:
+        from lancetx.errors import TableExistsError
+
         raise TableExistsError(uri, latest.version)
     from lancetx.committing import VerbFlags, run_verb
     from lancetx.verbs.writing import WritePlan

@@ -21,7 +21,11 @@ What this module adds is the job's view of the outcome:
   not land) removes the job's files; any other exception (``KeyboardInterrupt``,
   the worker killed) leaves them, since the claim may have landed;
 * a job found already committed (a re-run with the same ``job_id``, a replayed
-  micro-batch) removes the files no version references.
+  micro-batch) removes the files no version references;
+* exactly one task report per partition is committed (:func:`one_per_partition`):
+  Spark's commit coordinator already lets only one attempt of a partition report,
+  and should two reports of one partition ever arrive, the second attempt's files
+  are removed (no claim can reference them) instead of committing its rows twice.
 
 Whether the job's files may be deleted is decided by lancetx's one rule, which
 :class:`lancetx.WrittenFiles` applies, here and in the data source's ``abort()``.
@@ -54,7 +58,13 @@ from lancetx.errors import (
     JobCommitUnknownError,
     SparkSchemaError,
 )
-from pyspark_lancetx.write_task import TaskOutput, WritePlan, fragment_file_paths, written_files
+from pyspark_lancetx.write_task import (
+    TaskOutput,
+    WritePlan,
+    fragment_file_paths,
+    remove_data_files,
+    written_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +222,44 @@ def table_history(
 # --------------------------------------------------------------------------- commit
 
 
+def one_per_partition(job: JobCommit, outputs: Sequence[TaskOutput]) -> list[TaskOutput]:
+    """The task reports to commit: the first of each Spark partition (reports without a
+    partition, written outside a task, all count).
+
+    A report of a partition already reported by another attempt is left out and its
+    files are deleted: they belong to no claim, now or later (the rule of
+    :mod:`lancetx.commit.engine.unreferenced` allows it). A report repeated by the
+    same attempt names the same files and is simply dropped.
+    """
+    kept: list[TaskOutput] = []
+    first: dict[int, TaskOutput] = {}
+    extra: list[TaskOutput] = []
+    for out in outputs:
+        if out.partition is None:
+            kept.append(out)
+        elif out.partition not in first:
+            first[out.partition] = out
+            kept.append(out)
+        elif out.attempt != first[out.partition].attempt:
+            extra.append(out)
+    if extra:
+        keep = {p for out in kept for p in fragment_file_paths(out.fragments)}
+        paths = [p for out in extra for p in fragment_file_paths(out.fragments) if p not in keep]
+        left = remove_data_files(job.plan, paths)
+        log.warning(
+            "job %s on %s: %d more report(s) of partition(s) %s from other task attempts "
+            "(%s) left out of the commit; removed their %d data file(s)%s",
+            job.job_id,
+            job.plan.uri,
+            len(extra),
+            sorted({out.partition for out in extra if out.partition is not None}),
+            ", ".join(f"partition {out.partition} attempt {out.attempt}" for out in extra),
+            len(paths) - len(left),
+            f", could not remove {left} (lancetx-sync gc collects them)" if left else "",
+        )
+    return kept
+
+
 def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
     """Commit the tasks' fragments as one transaction (see the module docstring).
 
@@ -222,6 +270,7 @@ def commit_job(job: JobCommit, outputs: Sequence[TaskOutput]) -> JobCommitted:
     another LancetxError of the table's store.
     """
     uri = job.plan.uri
+    outputs = one_per_partition(job, outputs)
     frag_json = [f for out in outputs for f in out.fragments]
     files = job_files(job, fragment_file_paths(frag_json))
     rows = sum(out.rows for out in outputs)

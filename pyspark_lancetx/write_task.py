@@ -9,11 +9,23 @@ A task that fails removes the files it finished before failing: Spark sends no
 commit message for a failed attempt, so nothing else would ever know them.
 pylance reports each finished file through its progress hook, which is how the
 task knows what to remove.
+
+What no task can remove: the files of an attempt whose process died (the Python
+worker or its executor killed: no ``except`` runs), and those of an attempt that
+finished writing but lost to another attempt of its partition (speculation):
+Spark's output commit coordinator lets exactly one attempt per partition report
+(the others are denied after their Python code returned, and Python is never
+told). Only the reported attempt's fragments reach the commit; the others' files
+are referenced by no version, and ``lancetx-sync gc`` collects them once they are
+older than its threshold. Each report carries its partition and attempt, so the
+commit keeps exactly one per partition whatever arrives.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,11 +71,72 @@ def schema_to_ipc(schema: pa.Schema) -> bytes:
 
 @dataclass
 class TaskOutput:
-    """What a finished task reports: its fragments (pylance JSON), rows, nulls per column."""
+    """What a finished task reports: its fragments (pylance JSON), rows, nulls per
+    column, and which Spark partition and task attempt wrote them (None outside a
+    Spark task)."""
 
     fragments: list[dict[str, Any]] = field(default_factory=list)
     rows: int = 0
     null_counts: dict[str, int] = field(default_factory=dict)
+    partition: int | None = None
+    attempt: int | None = None
+
+
+#: Fault injection for tests: with this Spark local property set on the thread that
+#: starts a job, the first attempt of the job's partition 0 dies once its data files
+#: are written, before it reports: ``"exit"`` ends its Python worker (``os._exit``),
+#: ``"kill-executor"`` SIGKILLs the executor JVM running it. Nothing can clean up
+#: after either (what ``lancetx-sync gc`` is for); Spark retries the task.
+AFTER_WRITE_FAULT_PROPERTY = "lancetx.test.afterWriteFault"
+
+
+def _task_identity() -> tuple[int | None, int | None]:
+    """The running Spark task's partition and attempt number (None, None outside one)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return None, None
+    return context.partitionId(), context.attemptNumber()
+
+
+def _executor_jvm() -> int | None:
+    """The process id of the executor JVM this Python worker serves (an ancestor)."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+        if b"CoarseGrainedExecutorBackend" in command:
+            return pid
+        pid = parent
+    return None
+
+
+def _injected_fault() -> Callable[[], None] | None:
+    """The fault :data:`AFTER_WRITE_FAULT_PROPERTY` asks of this task, if any."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return None
+    fault = context.getLocalProperty(AFTER_WRITE_FAULT_PROPERTY)
+    if not fault or context.partitionId() != 0 or context.attemptNumber() != 0:
+        return None
+
+    def die() -> None:
+        log.warning("injected fault %r after writing: this task attempt dies now", fault)
+        if fault == "kill-executor":
+            jvm = _executor_jvm()
+            if jvm is not None:
+                os.kill(jvm, signal.SIGKILL)
+        os._exit(17)
+
+    return die
 
 
 def written_files(
@@ -106,7 +179,11 @@ def write_task(
 
     target = plan.schema()
     finished: list[str] = []
-    output = TaskOutput(null_counts={f.name: 0 for f in target})
+    partition, attempt = _task_identity()
+    output = TaskOutput(
+        null_counts={f.name: 0 for f in target}, partition=partition, attempt=attempt
+    )
+    fault = _injected_fault()
     failure: list[BaseException] = []
 
     class Finished(FragmentWriteProgress):  # type: ignore[misc]
@@ -149,6 +226,8 @@ def write_task(
         # From here on every file is known, whether or not the progress hook saw it.
         finished.extend(p for f in fragments for p in (d.path for d in f.files))
         output.fragments = [f.to_json() for f in fragments]
+        if fault is not None:
+            fault()
         if after_write is not None:
             after_write()
     except BaseException as exc:

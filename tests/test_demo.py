@@ -102,3 +102,13 @@ def test_lancetx_demo_help_names_itself() -> None:
     assert done.returncode == 0, done.stderr
     assert "make demo" not in done.stdout
     assert "lancetx-demo" in done.stdout.split("options:")[0].split("\n", 1)[1]
+
+
+def test_make_demo_cluster_runs_the_demo_on_a_standalone_cluster(tmp_path: Path) -> None:
+    # CI runs the target itself (.ci/run); the cluster tests run its cluster class.
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("demo-cluster:"))
+    assert lines[start] == "demo-cluster: $(DEMO_STAMP)"
+    assert lines[start + 1].strip() == "$(BIN)/python -m lancetx.demo.cluster"
+    assert "make demo-cluster" in (ROOT / ".ci" / "run").read_text()
+    assert _dry_run("demo-cluster", tmp_path)[-1].endswith("python -m lancetx.demo.cluster")

@@ -6,10 +6,13 @@ import that brings a heavy module back fails here whatever the machine's load.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pyarrow as pa
 from cli_helpers import make_table
 
 import lancetx
@@ -69,6 +72,54 @@ NOT_ON_OPEN = (
     "lancetx.commit.engine.rebase",
     "lancetx.commit.engine.turns",
     "lancetx.commit.format.schema",
+    # the engine that checks and builds commits: its operations and conflict rules
+    # (opening reads a version: ``commit/engine/parents.py``)
+    "lancetx.commit.engine.loading",
+    "lancetx.commit.engine.operations",
+    "lancetx.commit.engine.conflicts",
+    "lancetx.commit.engine.conflict_terms",
+    "lancetx.commit.engine.conflict_conditions",
+    "lancetx.commit.engine.contention",
+    "lancetx.commit.engine.builder",
+    "lancetx.commit.format.fragments",
+    "lancetx.commit.format.rowids",
+    # the error tree (the front door imports it when it raises one of its errors)
+    "lancetx.errors",
+    # what a first use loads: a Gather's thread pool (and its exit hook), lean GETs,
+    # importlib.metadata's lookup of lancetx's version
+    "concurrent.futures.thread",
+    "lancetx.commit.storage.s3_lean",
+    "pyroaring",
+)
+
+#: Not loaded by opening a local table either: nothing of AWS (botocore is imported
+#: by an S3 table's store), the DynamoDB store, the external store's protocol.
+NOT_ON_LOCAL_OPEN = (
+    *NOT_ON_OPEN,
+    "botocore",
+    "boto3",
+    "urllib3",
+    "lancetx.commit.storage.s3store",
+    "lancetx.commit.storage.aws_clients",
+    "lancetx.externalstore.dynamodb",
+    "lancetx.externalstore.commit_handler",
+    "lancetx.externalstore.protocol",
+    "importlib.metadata",
+)
+
+#: Not loaded by ``lancetx-sync status``: the data plane (a status reads DynamoDB
+#: items, manifests and listings; Arrow deletion files are read by those who read them).
+NOT_ON_STATUS = (
+    "aioboto3",
+    "aiobotocore",
+    "pyspark",
+    "pyspark_lancetx",
+    "lancetx.aio",
+    "pyarrow",
+    "numpy",
+    "lance",
+    "asyncio",
+    "lancetx.committing",
 )
 
 #: Not loaded by ``lancetx-sync --help``: nothing of the data plane or AWS.
@@ -104,9 +155,14 @@ def heavy_in(loaded: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(n for n in names if any(m == n or m.startswith(f"{n}.") for m in loaded))
 
 
+def assert_none_loaded(loaded: set[str], names: tuple[str, ...]) -> None:
+    found = heavy_in(loaded, names)
+    assert not found, f"loaded what it should not: {', '.join(found)}"
+
+
 def test_import_lancetx_loads_none_of_the_heavy_modules() -> None:
     loaded = loaded_by("import lancetx")
-    assert heavy_in(loaded, NOT_ON_IMPORT) == []
+    assert_none_loaded(loaded, NOT_ON_IMPORT)
 
 
 def test_every_exported_name_still_imports_from_the_package() -> None:
@@ -150,7 +206,72 @@ def test_opening_a_table_loads_only_what_the_open_uses(
         table.uri,
         json.dumps(table.options),
     )
-    assert heavy_in(loaded, NOT_ON_OPEN) == []
+    assert_none_loaded(loaded, NOT_ON_OPEN)
+
+
+def test_opening_a_table_from_the_environment_loads_only_what_the_open_uses(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """The issue's program exactly (``import lancetx; lancetx.open(uri).version``): the
+    endpoint and credentials come from the environment, as a deployment's do."""
+    table = make_table(aws, bucket, ddb_table_name)
+    loaded = loaded_by(
+        "import sys, lancetx\nassert lancetx.open(sys.argv[1]).version == 2\n",
+        table.uri,
+        env={**os.environ, **aws.environ()},
+    )
+    assert_none_loaded(loaded, NOT_ON_OPEN)
+
+
+def test_opening_a_local_table_loads_nothing_of_aws(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    lancetx.write_table(uri, pa.table({"id": [1, 2, 3]}))
+    loaded = loaded_by(
+        """
+        import sys, threading
+        import lancetx
+        assert lancetx.open(sys.argv[1]).version == 1
+        others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        assert not others, others
+        """,
+        uri,
+    )
+    assert_none_loaded(loaded, NOT_ON_LOCAL_OPEN)
+
+
+def test_opening_a_table_reads_lancetx_version_as_importlib_metadata_does() -> None:
+    """The User-Agent's version is read from lancetx's ``.dist-info`` without
+    importlib.metadata (an S3 table's store asks for it when it builds its clients)."""
+    from importlib import metadata
+
+    from lancetx.commit.package_version import installed_version
+
+    installed_version.cache_clear()
+    try:
+        assert installed_version() == metadata.version("lancetx")
+    finally:
+        installed_version.cache_clear()
+
+
+def test_cli_status_loads_none_of_the_data_plane(
+    aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    table = make_table(aws, bucket, ddb_table_name)
+    loaded = loaded_by(
+        """
+        import sys
+        sys.argv = ["lancetx-sync", "status", *sys.argv[1:]]
+        from lancetx.cli.app import main
+        try:
+            main()
+        except SystemExit as exc:
+            assert exc.code in (0, None), exc.code
+        """,
+        table.uri,
+        env={**os.environ, **aws.environ()},
+    )
+    assert "lancetx.ops.status" in loaded
+    assert_none_loaded(loaded, NOT_ON_STATUS)
 
 
 def test_cli_help_loads_neither_aws_nor_the_data_plane() -> None:
@@ -166,4 +287,4 @@ def test_cli_help_loads_neither_aws_nor_the_data_plane() -> None:
         """
     )
     assert "typer" in loaded
-    assert heavy_in(loaded, NOT_ON_HELP) == []
+    assert_none_loaded(loaded, NOT_ON_HELP)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -34,6 +33,7 @@ from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore
 
 if TYPE_CHECKING:
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     from lancetx.commit.handlers.interface import AsyncCommitHandler
     from lancetx.commit.storage.s3store_async import AsyncObjectStore
@@ -268,6 +268,10 @@ def _shared_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
+            # concurrent.futures (and its exit hook) is loaded by the first Gather,
+            # not by loading a version to open (``tests/test_import_cost.py``).
+            from concurrent.futures import ThreadPoolExecutor
+
             _pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="lancetx-load")
         return _pool
 

@@ -32,7 +32,6 @@ from lancetx.commit.engine.effects import (
     ListVersions,
     Names,
     ReadManifest,
-    ResolveLatest,
     ResolveVersion,
     Steps,
 )
@@ -43,6 +42,7 @@ from lancetx.commit.engine.operations import (
     Rewrite,
     Transaction,
 )
+from lancetx.commit.engine.parents import Parent, load_parent_steps
 from lancetx.commit.engine.txn_cache import TRANSACTIONS
 from lancetx.commit.errors import (
     InvalidCommitError,
@@ -76,18 +76,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Parent:
-    """A version a transaction builds on: its location and decoded manifest."""
-
-    location: ManifestLocation
-    manifest: ManifestFile
-
-    @property
-    def version(self) -> int:
-        return self.location.version
-
-
 @dataclass
 class Loaded:
     """A committed version: its transaction, and its manifest when it was read."""
@@ -98,43 +86,6 @@ class Loaded:
     manifest: ManifestFile | None
     #: The library that wrote its manifest (``writer_version.library``), if known.
     writer: str | None = None
-
-
-def load_parent_steps(
-    names: Names, base: str, version: int | None = None, *, held: Parent | None = None
-) -> Steps[Parent | None]:
-    """The latest version (or ``version``) with its manifest; None for a table with none.
-
-    ``held``: a version the caller already has; if the latest (or ``version``) is
-    that version, its manifest is not read again (a committed version never changes).
-    """
-    if version is None:
-        location: ManifestLocation | None = yield ResolveLatest(base)
-        if location is None:
-            return None
-    else:
-        location = yield ResolveVersion(base, version)
-    if held is not None and _same_manifest(held.location, location):
-        # The same version's manifest, wherever it is read from now (a staged
-        # manifest since finalized is the same bytes under its final name).
-        return Parent(location, held.manifest)
-    manifest: ManifestFile = yield ReadManifest(base, location)
-    return Parent(location, manifest)
-
-
-def _same_manifest(held: ManifestLocation, found: ManifestLocation) -> bool:
-    """Whether ``found`` is the manifest ``held`` was read from: the same version, and
-    neither its size, its ETag nor its transaction (the uuid an entry claimed by lancetx
-    records) known to differ: a table deleted and written again has its versions again,
-    with other manifests. Lance's own manifest cache is keyed by version and ETag."""
-    if held.version != found.version:
-        return False
-    if held.size is not None and found.size is not None and held.size != found.size:
-        return False
-    if held.etag is not None and found.etag is not None and held.etag != found.etag:
-        return False
-    ours, theirs = held.summary, found.summary
-    return ours is None or theirs is None or ours.uuid == theirs.uuid
 
 
 def newest_parent(loaded: Sequence[Loaded]) -> Parent:

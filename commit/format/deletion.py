@@ -21,8 +21,6 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.ipc as ipc
 from pyroaring import BitMap
 
 from lancetx.commit.errors import BasePathError, DeletionFileError, UnsupportedFeatureError
@@ -31,6 +29,10 @@ from lancetx.commit.format.bases import UriNames, deletion_dir_key, key_in, pars
 from lancetx.commit.format.manifest import FLAG_BASE_PATHS
 from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.protos import table_pb2
+
+# Arrow deletion files are read and written with pyarrow, imported when one is: the
+# operator tools name deletion files without loading it (``lancetx-sync status``,
+# ``tests/test_import_cost.py``).
 
 #: More deleted rows than this are written as a bitmap, fewer or equal as an Arrow array.
 BITMAP_THRESHOLD = 5_000
@@ -73,6 +75,9 @@ def choose_file_type(num_rows: int) -> table_pb2.DeletionFile.DeletionFileType.V
 
 def encode_arrow_deletions(rows: BitMap) -> bytes:
     """An Arrow IPC file of ``row_id: uint32 not null``, ZSTD-compressed like Lance's."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     schema = pa.schema([pa.field(_ROW_ID, pa.uint32(), nullable=False)])
     batch = pa.record_batch([pa.array(list(rows), type=pa.uint32())], schema=schema)
     sink = pa.BufferOutputStream()
@@ -95,6 +100,9 @@ def decode_arrow_deletions(data: bytes, *, path: str) -> BitMap:
         except (ValueError, IndexError):
             pass
         raise fail(f"expected an Arrow IPC file (magic {_ARROW_MAGIC!r}), found {data[:8]!r}{hint}")
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     try:
         reader = ipc.open_file(pa.BufferReader(data))
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]

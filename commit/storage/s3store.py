@@ -38,7 +38,6 @@ from lancetx.commit.errors import (
 from lancetx.commit.storage.aws_clients import NOT_A_REGION, is_region_name
 from lancetx.commit.storage.aws_clients import make_client as make_shared_client
 from lancetx.commit.storage.objectstore import ObjectMeta, ObjectStore, StoreCapabilities
-from lancetx.commit.storage.s3_lean import lean_gets
 from lancetx.commit.storage.secrets import is_secret_option, remember_secrets
 
 if TYPE_CHECKING:
@@ -711,7 +710,6 @@ class S3ObjectStore(ObjectStore):
             if client is not None
             else (config or S3Config()).create_client(legacy_guard=legacy)
         )
-        self._lean = lean_gets(self._client, bucket)
 
     @property
     def client(self) -> S3Client:
@@ -810,7 +808,10 @@ class S3ObjectStore(ObjectStore):
         """A lean GET (:mod:`.s3_lean`): signed and sent without botocore's per-request
         pipeline, at a fraction of its CPU; None on anything but a plain success."""
         check_key(key)
-        return self._lean.get_tail(key, length)
+        # Imported by the first lean read (catching up on a history), not by opening.
+        from lancetx.commit.storage.s3_lean import lean_gets
+
+        return lean_gets(self._client, self.bucket).get_tail(key, length)
 
     def head(self, key: str) -> ObjectMeta:
         check_key(key)

@@ -11,7 +11,6 @@ from lancetx.commit.errors import InvalidUriError
 from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.commit.storage.s3store import S3Config, S3ObjectStore, parse_bool_option
 
 #: Storage option that declares an S3 bucket legacy (see :class:`S3ObjectStore`).
 LEGACY_S3_OPTION: Final = "lancetx_legacy_s3"
@@ -73,6 +72,10 @@ def _open(uri: str, opts: Mapping[str, str], legacy: bool | None) -> tuple[Objec
             )
         return LocalObjectStore("/"), _local_key(os.path.abspath(unquote(parts.path) or "/"))
     if scheme in ("s3", "s3+ddb"):
+        # botocore is imported by an S3 table's store only: opening a local table
+        # loads none of it (``tests/test_import_cost.py``).
+        from lancetx.commit.storage.s3store import S3Config, S3ObjectStore, parse_bool_option
+
         bucket = parts.netloc
         if not bucket:
             raise InvalidUriError(uri, f"S3 URI has no bucket; use {scheme}://bucket/path")

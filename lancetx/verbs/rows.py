@@ -19,8 +19,9 @@ from pyroaring import BitMap
 from lancetx.commit.engine.operations import Delete, Transaction, Update, UpdateMode
 from lancetx.commit.format.deletion import (
     decode_deletion_vector,
+    deletion_file_key,
+    encode_deletion_vector,
     locate_deletion_file,
-    write_deletion_vector,
 )
 from lancetx.commit.format.rowids import encode_row_ids
 from lancetx.commit.storage.stores import open_object_store
@@ -28,6 +29,7 @@ from lancetx.committing import PlanContext
 from lancetx.convert import to_fragment
 from lancetx.errors import InvalidPredicateError, SchemaMismatchError, UnknownColumnError
 from lancetx.protos import table_pb2
+from lancetx.verbs.deletion_cache import DELETION_FILES
 
 _ROW_ADDRESS = "_rowaddr"
 _ROW_ID = "_rowid"
@@ -70,17 +72,32 @@ def _offsets_by_fragment(addresses: pa.ChunkedArray) -> dict[int, BitMap]:
 
 def _deleted_rows(ctx: PlanContext, fragment: table_pb2.DataFragment) -> BitMap:
     """The fragment's deletion vector, wherever its file is: the table's own, or under
-    a base path (a shallow clone reads its source's), in another bucket too."""
+    a base path (a shallow clone reads its source's), in another bucket too. A file
+    this process wrote or read before is not read again (deletion files never change:
+    see :mod:`lancetx.verbs.deletion_cache`)."""
     where = locate_deletion_file(
         ctx.store, ctx.base, fragment.id, fragment.deletion_file, ctx.manifest.base_paths
     )
-    if where.key is not None:
-        data = ctx.store.get(where.key)
-    else:
-        # Another bucket (or store): read with the table's storage options, as pylance does.
-        other, key = open_object_store(where.uri, ctx.state.conn.storage_options)
-        data = other.get(key)
+    data = DELETION_FILES.get(where.uri)
+    if data is None:
+        if where.key is not None:
+            data = ctx.store.get(where.key)
+        else:
+            # Another bucket (or store): read with the table's storage options, as pylance does.
+            other, key = open_object_store(where.uri, ctx.state.conn.storage_options)
+            data = other.get(key)
+        DELETION_FILES.put(where.uri, data)
     return decode_deletion_vector(data, fragment.deletion_file, path=where.uri)
+
+
+def _write_deletions(ctx: PlanContext, fragment_id: int, rows: BitMap) -> table_pb2.DeletionFile:
+    """Write the fragment's new (cumulative) deletion file; its bytes are kept for the
+    next delete of the fragment once the PUT returned."""
+    deletion_file, data = encode_deletion_vector(ctx.read_version, rows)
+    key = deletion_file_key(ctx.base, fragment_id, deletion_file)
+    ctx.store.put(key, data)
+    DELETION_FILES.put(ctx.store.uri(key), data)
+    return deletion_file
 
 
 def _delete_rows(
@@ -100,9 +117,7 @@ def _delete_rows(
             continue
         out = table_pb2.DataFragment()
         out.CopyFrom(fragment)
-        out.deletion_file.CopyFrom(
-            write_deletion_vector(ctx.store, ctx.base, fragment_id, ctx.read_version, merged)
-        )
+        out.deletion_file.CopyFrom(_write_deletions(ctx, fragment_id, merged))
         updated.append(out)
     return tuple(updated), tuple(emptied)
 

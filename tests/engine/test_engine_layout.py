@@ -11,7 +11,7 @@
   nothing is defined before it (the terms and the named conditions have their
   own modules).
 * The commit loop (``committer.py``) does not wait for queue turns or load
-  versions itself: ``turns.py`` and ``loading.py`` do.
+  versions itself: ``turns.py``, ``loading.py`` and ``parents.py`` do.
 """
 
 from __future__ import annotations
@@ -119,11 +119,13 @@ def test_conflicts_opens_with_the_rules_table() -> None:
 def test_the_commit_loop_leaves_turns_and_loading_to_their_modules() -> None:
     loop = _top_level_names(ENGINE / "committer.py")
     turns = {"QueueTurn", "join_queue", "wait_for_turn", "end_turn_steps"}
-    loading = {"Loaded", "load_newer", "load_listed", "load_parent_steps", "load_key_winner"}
+    loading = {"Loaded", "load_newer", "load_listed", "load_key_winner"}
+    parents = {"Parent", "load_parent_steps", "load_parent", "load_parent_async"}
     assert turns <= _top_level_names(ENGINE / "turns.py")
     assert loading <= _top_level_names(ENGINE / "loading.py")
-    assert not loop & (turns | loading)
+    assert parents <= _top_level_names(ENGINE / "parents.py")
+    assert not loop & (turns | loading | parents)
     assert not {name for name in loop if "turn" in name.lower() or "load" in name.lower()} - {
-        "load_parent",  # the front doors: one call each into loading.py
+        "load_parent",  # the front doors: one call each into parents.py
         "load_parent_async",
     }
