@@ -651,16 +651,18 @@ class SparkSetupError(LancetxError):
 
 
 class SparkSchemaError(LancetxError):
-    """The DataFrame's columns do not fit the table (or cannot be stored at all).
+    """The DataFrame's columns do not fit the table (or cannot be stored at all), or
+    (``reading``) a schema given to a read names a column the table lacks or retypes one.
 
     ``column`` is the dotted path of the first offending column.
     """
 
-    def __init__(self, uri: str, column: str, problem: str) -> None:
+    def __init__(self, uri: str, column: str, problem: str, *, reading: bool = False) -> None:
         self.uri = uri
         self.column = column
         self.problem = problem
-        super().__init__(f"column {column!r} cannot be written to {uri!r}: {problem}")
+        where = "read from" if reading else "written to"
+        super().__init__(f"column {column!r} cannot be {where} {uri!r}: {problem}")
 
 
 class UnsupportedSparkTypeError(SparkSchemaError):

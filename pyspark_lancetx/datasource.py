@@ -14,7 +14,9 @@ when the job failed before committing; after a failed commit it leaves them to
 the commit, which alone knows whether a version may reference them.
 
 Read path: the version is resolved once, when Spark asks for the schema, and
-the DataFrame stays on it. One Spark partition per group of fragments.
+the DataFrame stays on it. Partitions are sized by the bytes and rows of the
+columns read: small fragments packed together, large ones split by row ranges
+(:mod:`pyspark_lancetx.scan`).
 
 Streaming reads (the rows each new version appends, micro-batch by micro-batch):
 :mod:`pyspark_lancetx.stream_source`.
@@ -47,9 +49,12 @@ from pyspark_lancetx.commit import (
     stream_batch_key,
 )
 from pyspark_lancetx.errors import SparkOptionError, SparkSchemaError, UnknownSparkOptionError
-from pyspark_lancetx.filters import conjunction, translate
+from pyspark_lancetx.filters import translate
 from pyspark_lancetx.options import ReadOptions, StreamReadOptions, WriteOptions
+from pyspark_lancetx.scan import LanceTxPartition as LanceTxPartition
+from pyspark_lancetx.scan import ScanPlan
 from pyspark_lancetx.schema import (
+    check_read_schema,
     conform_read_batch,
     read_spark_schema,
     spark_arrow_schema,
@@ -271,82 +276,22 @@ class LanceTxStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
 # --------------------------------------------------------------------------- reading
 
 
-@dataclass(frozen=True)
-class ScanPlan:
-    """A read pinned to one version (plain data).
-
-    ``data_uri`` is where pylance reads it (``s3://…`` for an ``s3+ddb://`` table):
-    the version was resolved through lancetx at planning, so the tasks never ask
-    DynamoDB again."""
-
-    uri: str
-    #: The storage options pylance gets (lancetx's own removed). Not in the repr: it
-    #: holds credentials.
-    storage_options: dict[str, str] = field(repr=False)
-    version: int
-    columns: tuple[str, ...]
-    filters: tuple[str, ...] = ()
-    batch_size: int = 8192
-    rows_per_partition: int = 1_000_000
-    data_uri: str | None = None
-
-    def open(self) -> Any:
-        """The pylance dataset at the pinned version."""
-        import lance
-
-        return lance.dataset(
-            self.data_uri or self.uri,
-            version=self.version,
-            storage_options=self.storage_options or None,
-        )
-
-    @property
-    def filter(self) -> str | None:
-        """All filters (the ``filter`` option and pushed-down ones) as one Lance filter."""
-        return conjunction(self.filters)
-
-
-class LanceTxPartition(InputPartition):  # type: ignore[misc]
-    """A group of fragments read by one Spark task."""
-
-    def __init__(self, fragment_ids: Sequence[int]) -> None:
-        super().__init__(tuple(fragment_ids))
-        self.fragment_ids = tuple(fragment_ids)
-
-
 class LanceTxReader(DataSourceReader):  # type: ignore[misc]
-    """Reads a pinned version, one partition per group of fragments."""
+    """Reads a pinned version; partitions and pieces: :mod:`pyspark_lancetx.scan`."""
 
     def __init__(self, plan: ScanPlan, schema: StructType) -> None:
         self.plan = plan
         self.schema_json = schema.json()
 
     def partitions(self) -> Sequence[InputPartition]:
-        dataset = self.plan.open()
-        groups: list[list[int]] = [[]]
-        rows = 0
-        for fragment in dataset.get_fragments():
-            count = fragment.metadata.num_rows
-            if groups[-1] and rows + count > self.plan.rows_per_partition:
-                groups.append([])
-                rows = 0
-            groups[-1].append(fragment.fragment_id)
-            rows += count
-        return [LanceTxPartition(group) for group in groups]
+        return self.plan.partitions()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        ids = getattr(partition, "fragment_ids", ())
-        if not ids:
+        pieces = getattr(partition, "pieces", ())
+        if not pieces:
             return
         target = spark_arrow_schema(StructType.fromJson(_loads(self.schema_json)))
-        dataset = self.plan.open()
-        scanner = dataset.scanner(
-            columns=list(self.plan.columns),
-            filter=self.plan.filter,
-            fragments=[dataset.get_fragment(i) for i in ids],
-            batch_size=self.plan.batch_size,
-        )
-        for batch in scanner.to_batches():
+        for batch in self.plan.batches(pieces):
             if batch.num_rows:
                 yield conform_read_batch(batch, target)
 
@@ -494,7 +439,10 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             for name in options.columns:
                 if name not in by_name:
                     raise SparkSchemaError(
-                        options.uri, name, f"not a column of the table {sorted(by_name)}"
+                        options.uri,
+                        name,
+                        f"not a column of the table {sorted(by_name)}",
+                        reading=True,
                     )
             spark_schema = StructType([by_name[n] for n in options.columns])
         pinned = _Pinned(
@@ -509,13 +457,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
     def reader(self, schema: StructType) -> DataSourceReader:
         options = ReadOptions.parse(self.options)
         pinned = self._pin()
-        table = StructType.fromJson(_loads(pinned.schema_json))
-        known = set(table.names)
-        for name in schema.names:
-            if name not in known:
-                raise SparkSchemaError(
-                    options.uri, name, f"not a column of the table {sorted(known)}"
-                )
+        check_read_schema(options.uri, StructType.fromJson(_loads(pinned.schema_json)), schema)
         plan = ScanPlan(
             uri=options.uri,
             storage_options=pinned.pylance_options,
@@ -525,6 +467,8 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
             batch_size=options.batch_size,
             rows_per_partition=options.rows_per_partition,
             data_uri=pinned.data_uri,
+            max_partition_bytes=options.max_partition_bytes,
+            min_partitions=options.min_partitions,
         )
         reader_class = LanceTxFilteringReader if _called_for_pushdown() else LanceTxReader
         return reader_class(plan, schema)
@@ -534,12 +478,7 @@ class LanceTxDataSource(DataSource):  # type: ignore[misc]
 
         options = StreamReadOptions.parse(self.options)
         pinned = self._pin()
-        known = set(StructType.fromJson(_loads(pinned.schema_json)).names)
-        for name in schema.names:
-            if name not in known:
-                raise SparkSchemaError(
-                    options.uri, name, f"not a column of the table {sorted(known)}"
-                )
+        check_read_schema(options.uri, StructType.fromJson(_loads(pinned.schema_json)), schema)
         plan = StreamPlan(
             options=options,
             schema_json=schema.json(),

@@ -33,9 +33,14 @@ Write (``df.write.format("lancetx")``)
 Read (``spark.read.format("lancetx")``)
     ``version`` or ``timestamp`` (time travel; resolved once, at planning);
     ``columns`` (comma-separated projection); ``filter`` (a Lance SQL filter
-    applied by the scanner); ``rows_per_partition`` (fragments are grouped up
-    to this many rows per Spark partition, default 1,000,000);
-    ``batch_size`` (rows per Arrow batch, default 8192).
+    applied by the scanner); ``batch_size`` (rows per Arrow batch, default 8192).
+    Partitions (Spark's file-source rules, as ``spark.sql.files.*``): small
+    fragments are packed together and a large fragment is split by row ranges,
+    so that each partition holds about ``max_partition_bytes`` of the columns
+    read (default 128 MiB, Spark's ``maxPartitionBytes``), or less when that
+    leaves fewer than ``min_partitions`` partitions (default: the cores of the
+    machine planning the read — set it to the cluster's cores);
+    ``rows_per_partition`` caps the rows of a partition (no cap by default).
 
 Streaming read (``spark.readStream.format("lancetx")``; Delta's names, which
 Spark users already type, also as ``startingVersion`` …)
@@ -46,7 +51,8 @@ Spark users already type, also as ``startingVersion`` …)
     ``skip_change_commits`` (skip versions that delete or change rows instead of
     failing the stream), ``ignore_deletes`` (skip versions that only delete rows);
     ``max_versions_per_trigger``, ``max_rows_per_trigger`` (rate limits);
-    ``columns``, ``filter``, ``rows_per_partition``, ``batch_size`` as for reads.
+    ``columns``, ``filter``, ``batch_size`` as for reads; ``rows_per_partition``
+    (whole fragments are grouped up to this many rows, default 1,000,000).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ STORAGE_PREFIX = "storage."
 PROPERTIES_PREFIX = "properties."
 DEFAULT_COMMIT_TIMEOUT = 300.0
 DEFAULT_ROWS_PER_PARTITION = 1_000_000
+#: Spark's ``spark.sql.files.maxPartitionBytes`` default.
+DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
 DEFAULT_BATCH_SIZE = 8192
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -91,7 +99,16 @@ WRITE_KEYS = frozenset(
 )
 #: Every read option (besides ``storage.<name>``).
 READ_KEYS = frozenset(
-    {"version", "timestamp", "columns", "filter", "rows_per_partition", "batch_size"}
+    {
+        "version",
+        "timestamp",
+        "columns",
+        "filter",
+        "rows_per_partition",
+        "max_partition_bytes",
+        "min_partitions",
+        "batch_size",
+    }
 )
 #: Every streaming read option (besides ``storage.<name>``).
 STREAM_READ_KEYS = frozenset(
@@ -332,7 +349,11 @@ class ReadOptions:
     timestamp: str | None = None
     columns: tuple[str, ...] | None = None
     filter: str | None = None
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION
+    #: At most this many rows per partition (None: no cap, bytes decide).
+    rows_per_partition: int | None = None
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    #: None: the cores of the machine that plans the read.
+    min_partitions: int | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
 
     @classmethod
@@ -353,8 +374,10 @@ class ReadOptions:
             timestamp=timestamp,
             columns=columns,
             filter=options.get("filter") or None,
-            rows_per_partition=_positive_int(options, "rows_per_partition")
-            or DEFAULT_ROWS_PER_PARTITION,
+            rows_per_partition=_positive_int(options, "rows_per_partition"),
+            max_partition_bytes=_positive_int(options, "max_partition_bytes")
+            or DEFAULT_MAX_PARTITION_BYTES,
+            min_partitions=_positive_int(options, "min_partitions"),
             batch_size=_positive_int(options, "batch_size") or DEFAULT_BATCH_SIZE,
         )
 

@@ -272,6 +272,31 @@ def read_spark_schema(arrow_schema: pa.Schema, uri: str) -> StructType:
     return StructType(fields)
 
 
+def check_read_schema(uri: str, table: StructType, schema: StructType) -> None:
+    """A schema given to a read (``.schema(...)``: the columns to read, Spark's only way
+    to prune columns of a Python data source) must name columns of the table, with the
+    types the table reads as; raises SparkSchemaError naming the first that does not."""
+    by_name = {f.name: f for f in table.fields}
+    lower = {f.name.lower(): f.name for f in table.fields}
+    for f in schema.fields:
+        column = by_name.get(f.name)
+        if column is None:
+            close = lower.get(f.name.lower())
+            hint = f"; did you mean {close!r}? (names are case-sensitive)" if close else ""
+            raise SparkSchemaError(
+                uri, f.name, f"not a column of the table {sorted(by_name)}{hint}", reading=True
+            )
+        if column.dataType.simpleString() != f.dataType.simpleString():  # nullability aside
+            raise SparkSchemaError(
+                uri,
+                f.name,
+                f"the schema given to the read says {f.dataType.simpleString()}, but the "
+                f"table's column reads as {column.dataType.simpleString()}: give that type "
+                "(or cast after loading)",
+                reading=True,
+            )
+
+
 def spark_arrow_schema(spark_schema: StructType) -> pa.Schema:
     """The exact Arrow schema Spark expects from a Python data source for ``spark_schema``."""
     from pyspark.sql.pandas.types import to_arrow_schema

@@ -629,7 +629,15 @@ def process_writer(
 # ---------------------------------------------------------------------- threads
 
 
-def run_threads(targets: list[Callable[[], None]], timeout: float = 120.0) -> list[BaseException]:
+#: How long :func:`run_threads` waits: it detects a hang, it does not time anything, so
+#: it is generous (a whole-suite run at load 40 once took over 120 s for sixteen writers)
+#: and stays under pytest-timeout's 600 s per test.
+THREADS_HANG_TIMEOUT = 480.0
+
+
+def run_threads(
+    targets: list[Callable[[], None]], timeout: float = THREADS_HANG_TIMEOUT
+) -> list[BaseException]:
     """Start every target at once (barrier), join, return the exceptions raised."""
     errors: list[BaseException] = []
     lock = threading.Lock()
