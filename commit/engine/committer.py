@@ -73,6 +73,7 @@ from lancetx.commit.engine.effects import (
     DeleteObject,
     Effect,
     Gather,
+    GetObject,
     HeadObject,
     Names,
     PutObject,
@@ -145,6 +146,7 @@ from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
 from lancetx.commit.sansio import relay
+from lancetx.commit.storage.limits import MANIFEST
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.protos import table_pb2, transaction_pb2
 
@@ -588,7 +590,8 @@ def _finish_parent_and_build(state: _Attempts) -> Steps[_Built]:
     """:func:`_finish_parent`, then :func:`_build`; when the parent's claim handed
     its manifest over, the HEAD of its final copy is sent while ours is built."""
     current = state.current
-    if current is None or current.location.handed_over() is None:
+    handed = current.location.handed_over() if current is not None else None
+    if current is None or handed is None:
         yield from _finish_parent(state)
         return (yield from _build(state))
     copied, built = yield Gather([_copied_already(current.location), _build(state)], 2)
@@ -596,7 +599,29 @@ def _finish_parent_and_build(state: _Attempts) -> Steps[_Built]:
         state.current = Parent(copied, current.manifest)
     else:
         yield from _finish_parent(state, checked=True)
+        yield from _check_handed_over(state, handed)
     return built  # type: ignore[no-any-return]
+
+
+def _check_handed_over(state: _Attempts, handed: bytes) -> Steps[None]:
+    """Ours was judged and built on the bytes the parent's claim handed over, and
+    the HEAD did not show them at the parent's final name: now that the parent is
+    finished, its final copy must hold exactly those bytes (one GET, only on this
+    path). Only an entry edited by another tool (or by hand), or a version rebuilt
+    meanwhile, can carry others; claiming on them would commit a version built on
+    a manifest that was never committed."""
+    current = state.current
+    assert current is not None
+    final: bytes = yield GetObject(current.location.key, MANIFEST)
+    if final != handed:
+        raise InvalidCommitError(
+            state.uri,
+            f"the entry of version {current.version} hands over a manifest that is not the "
+            f"one committed at {current.location.key!r} (the entry was edited by another tool "
+            "or by hand, or the version was rebuilt meanwhile), so transaction "
+            f"{state.ours.uuid} was not claimed on top of it; re-read the table at its latest "
+            "version and plan the transaction again",
+        )
 
 
 def _finish_parent(state: _Attempts, *, checked: bool = False) -> Steps[None]:

@@ -84,7 +84,9 @@ def unpack_handover(packed: bytes, size: int | None) -> bytes | None:
     """The manifest :func:`pack_handover` packed, or None when ``packed`` is not a
     manifest of ``size`` bytes (anything else, however it came, is ignored: the
     reader then reads the object, which the claim vouches for)."""
-    if size is None or size <= 0:
+    if size is None or size <= 0 or len(packed) > HANDOVER_LIMIT:
+        # No claim carries more: a larger attribute is another tool's (or a hostile
+        # item's, up to DynamoDB's 400 KB), never inflated (deflate expands ~1000x).
         return None
     try:
         unpacker = zlib.decompressobj()

@@ -20,6 +20,7 @@ Deterministic: the two writers' steps are ordered by events, never by sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -47,8 +48,13 @@ from lancetx.commit.engine.committer import (
     commit_transaction,
     load_parent,
 )
-from lancetx.commit.engine.operations import Delete, Transaction
-from lancetx.commit.errors import IncompatibleConflictError, RetryableConflictError
+from lancetx.commit.engine.operations import IDEMPOTENCY_KEY, Append, Delete, Transaction
+from lancetx.commit.errors import (
+    IncompatibleConflictError,
+    InvalidCommitError,
+    RetryableConflictError,
+)
+from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.commit.format.location import (
     HANDOVER_LIMIT,
     ManifestLocation,
@@ -56,9 +62,11 @@ from lancetx.commit.format.location import (
     pack_handover,
     unpack_handover,
 )
+from lancetx.commit.format.manifest import decode_manifest
 from lancetx.commit.format.naming import NamingScheme
 from lancetx.commit.storage.localstore import LocalObjectStore
 from lancetx.demo.embedded import EmbeddedAws
+from lancetx.externalstore import commit_handler as commit_handler_module
 from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.dynamodb.plans import HANDOVER
@@ -527,3 +535,261 @@ def test_a_manifest_too_large_to_hand_over_is_not_carried() -> None:
         for i in range(HANDOVER_LIMIT // 16)
     )
     assert pack_handover(big) is None
+
+
+# ------------------------------------------------------- attacks on the handover
+
+
+@dataclass
+class Solo:
+    """A table with one pylance version and two lancetx connections that do not queue."""
+
+    uri: str
+    options: dict[str, str]
+    first: TableConnection
+    second: TableConnection
+
+    def handler(self, conn: TableConnection) -> ExternalStoreCommitHandler:
+        assert isinstance(conn.handler, ExternalStoreCommitHandler)
+        return conn.handler
+
+    @property
+    def ddb(self) -> DynamoDBManifestStore:
+        entries = self.handler(self.first).entries
+        assert isinstance(entries, DynamoDBManifestStore)
+        return entries
+
+    def item(self, version: int) -> dict[str, Any]:
+        found = self.ddb.client.get_item(
+            TableName=self.ddb.table_name,
+            Key={"base_uri": {"S": self.first.base}, "version": {"N": str(version)}},
+            ConsistentRead=True,
+        )
+        item: dict[str, Any] = found.get("Item", {})
+        return item
+
+    def put(self, item: dict[str, Any]) -> None:
+        self.ddb.client.put_item(TableName=self.ddb.table_name, Item=item)
+
+
+@pytest.fixture
+def solo(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> Solo:
+    monkeypatch.setattr(contention, "_tables", {})  # no contention remembered from other tests
+    options = legacy_aws.pylance_storage_options()
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "attacked.lance", ddb_table_name)
+    pylance_create(uri, options, batch("setup", 0, ROWS))
+    return Solo(uri, options, connect(uri, options), connect(uri, options))
+
+
+def _claim_then_crash(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch, *, at: str, writer: str = "first"
+) -> None:
+    """The first connection commits an append as a writer in the queue does (its
+    claim carries a ticket, so its item the handover) and is killed at ``at`` of
+    its finish: ``"copy"`` (nothing copied) or ``"flip"`` (copied, item still
+    pointing at the staged manifest)."""
+    handler = solo.handler(solo.first)
+    with monkeypatch.context() as m:
+        m.setattr(
+            commit_handler_module,
+            "_stamped",
+            lambda s: dataclasses.replace(s, ticket=1, claimed_at=time.time()) if s else None,
+        )
+
+        def crash(*_: Any, **__: Any) -> Any:
+            raise KeyboardInterrupt
+
+        if at == "copy":
+            m.setattr(handler.store, "copy", crash)
+        else:
+            m.setattr(handler.entries, "put_if_exists", crash)
+        with pytest.raises(KeyboardInterrupt):
+            lancetx_append(
+                handler, solo.first.base, solo.first.data_uri, solo.options, batch(writer, 0, ROWS)
+            )
+
+
+def _fragment_paths(manifest: Any) -> list[str]:
+    return [f.path for frag in manifest.fragments for f in frag.files]
+
+
+def test_a_handover_that_is_not_the_staged_manifest_is_never_built_on(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The item of version 2 (claimed, not copied yet) carries a handover of the
+    right version and size whose bytes are not the staged manifest's (an item
+    edited by another tool, or by someone with DynamoDB access only): the next
+    writer must not commit a version built on those bytes — the committed
+    manifest of version 2 is the staged object the item points at."""
+    parent = load_parent(solo.handler(solo.second), solo.second.base)
+    assert parent is not None and parent.version == 1
+    _claim_then_crash(solo, monkeypatch, at="copy")
+    item = solo.item(2)
+    staged = item["path"]["S"]
+    real = zlib.decompress(bytes(item[HANDOVER]["B"]))
+    assert real == bytes(
+        solo.handler(solo.first).store.get(staged)
+    )  # what a claim carries: the staged bytes
+    theirs = _fragment_paths(decode_manifest(real, path="v2").manifest)[-1]
+    forged_path = ("0" if theirs[0] != "0" else "1") + theirs[1:]  # same length
+    assert theirs.encode() in real  # in the fragment and in the inline transaction
+    forged = real.replace(theirs.encode(), forged_path.encode())
+    assert len(forged) == len(real)
+    solo.put({**item, HANDOVER: {"B": zlib.compress(forged)}})
+
+    try:
+        ours = lancetx_append(
+            solo.handler(solo.second),
+            solo.second.base,
+            solo.second.data_uri,
+            solo.options,
+            batch("second", 0, ROWS),
+            parent,
+        )
+    except InvalidCommitError as refused:
+        assert "version 2" in str(refused), refused
+        assert solo.item(3) == {}  # nothing claimed on top
+    else:
+        built_on = _fragment_paths(ours.manifest.manifest)
+        assert forged_path not in built_on, (
+            f"version {ours.version} was built on the forged handover: it references "
+            f"{forged_path!r}, a file version 2 never had"
+        )
+        assert theirs in built_on
+    # Version 2 itself is the staged object's, for pylance and for lancetx.
+    ds = lance.dataset(solo.uri, version=2, storage_options=solo.options)
+    assert theirs in [f.path for frag in ds.get_fragments() for f in frag.metadata.files]
+    assert ds.count_rows() == 2 * ROWS
+
+
+def _keyed_append(
+    handler: ExternalStoreCommitHandler,
+    conn: TableConnection,
+    options: dict[str, str],
+    writer: str,
+    key: str,
+    parent: Parent | None = None,
+) -> Committed:
+    if parent is None:
+        parent = load_parent(handler, conn.base)
+    assert parent is not None
+    fragments = lance.fragment.write_fragments(
+        batch(writer, 0, ROWS), conn.data_uri, storage_options=options
+    )
+    txn = Transaction(
+        read_version=parent.version,
+        operation=Append(fragments=tuple(fragment_from_pylance(f) for f in fragments)),
+        properties={IDEMPOTENCY_KEY: key},
+    )
+    return commit_transaction(handler, conn.base, txn, parent=parent, options=FAST_COMMIT)
+
+
+def test_a_keyed_commit_next_in_line_is_deduplicated_by_the_version_handed_over(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """House rule 2 through the handover: the writer next in line carries the key
+    the version it is handed was committed with; it builds on nothing and claims
+    nothing, it returns that version (deduplicated)."""
+    go = threading.Event()
+    _wrap(
+        monkeypatch,
+        pair.handler(pair.first),
+        "commit",
+        lambda original, *a, **k: (go.wait(WAIT), original(*a, **k))[1],
+    )
+    parent = load_parent(pair.handler(pair.second), pair.second.base)
+    first = Writer(
+        lambda: _keyed_append(pair.handler(pair.first), pair.first, pair.options, "first", "job-7")
+    )
+    first.start()
+    entries = pair.entries(pair.second)
+    _wait_for(lambda: entries.read_turns(pair.first.base).issued >= 1, "ticket 1")
+    calls = _calls(monkeypatch, pair.handler(pair.second).store)
+    second = _second_waits_with_ticket_two(
+        pair,
+        lambda: _keyed_append(
+            pair.handler(pair.second), pair.second, pair.options, "second", "job-7", parent
+        ),
+    )
+    go.set()
+    theirs, ours = first.outcome(), second.outcome()
+
+    assert theirs.version == 2 and not theirs.deduplicated
+    assert ours.version == 2 and ours.deduplicated
+    assert not [k for op, k in calls if op == "put" and "/_versions/" in k], calls  # no stage
+    ds = lance.dataset(pair.uri, storage_options=pair.options)
+    assert [v["version"] for v in ds.versions()] == [1, 2]
+    assert ds.count_rows() == 2 * ROWS
+
+
+def test_pylance_reads_and_writes_over_a_claim_that_carries_a_handover(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued writer killed after its claim, before its copy: the item points at
+    the staged manifest and carries the handover. pylance (which knows nothing of
+    the attribute) reads the version, finishes it, and commits on top; lancetx then
+    commits after pylance's version."""
+    _claim_then_crash(solo, monkeypatch, at="copy")
+    assert HANDOVER in solo.item(2)
+    ds = lance.dataset(solo.uri, storage_options=solo.options)
+    assert (ds.version, ds.count_rows()) == (2, 2 * ROWS)
+    assert pylance_append(solo.uri, solo.options, batch("pylance", 0, ROWS)) == 3
+    assert HANDOVER not in solo.item(2)  # pylance's finalization rewrote the item without it
+    ours = lancetx_append(
+        solo.handler(solo.second),
+        solo.second.base,
+        solo.second.data_uri,
+        solo.options,
+        batch("second", 0, ROWS),
+    )
+    assert ours.version == 4
+    ds = lance.dataset(solo.uri, storage_options=solo.options)
+    assert [v["version"] for v in ds.versions()] == [1, 2, 3, 4]
+    assert ds.count_rows() == 4 * ROWS
+
+
+def test_a_parent_copied_but_not_flipped_stays_readable_and_is_finished_by_a_reader(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued writer killed between its copy and its flip: the next writer's HEAD
+    finds the final copy with the handed-over bytes and claims on top without
+    flipping the version (only its writer, a reader of it or ``repair`` does).
+    The version stays readable at its final name (pylance's conflict checks list
+    final names) and through its item, whose staged manifest is kept; reading it
+    finishes it."""
+    parent = load_parent(solo.handler(solo.second), solo.second.base)
+    _claim_then_crash(solo, monkeypatch, at="flip")
+    staged = solo.item(2)["path"]["S"]
+    ours = lancetx_append(
+        solo.handler(solo.second),
+        solo.second.base,
+        solo.second.data_uri,
+        solo.options,
+        batch("second", 0, ROWS),
+        parent,
+    )
+    assert ours.version == 3
+    assert solo.item(2)["path"]["S"] == staged  # left to a reader of version 2
+    store = solo.handler(solo.first).store
+    assert store.head(staged).size == int(solo.item(2)["size"]["N"])  # kept: the item names it
+    ds = lance.dataset(solo.uri, storage_options=solo.options)
+    assert (ds.version, ds.count_rows()) == (3, 3 * ROWS)
+    assert lance.dataset(solo.uri, version=2, storage_options=solo.options).count_rows() == 2 * ROWS
+    assert solo.item(2)["path"]["S"].endswith(".manifest")  # pylance's read finished it
+    assert HANDOVER not in solo.item(2)
+
+
+def test_a_handover_larger_than_any_claim_carries_is_not_inflated() -> None:
+    """No claim carries more than HANDOVER_LIMIT packed bytes: a larger attribute
+    (another tool's, or a hostile item's, up to DynamoDB's 400 KB) is ignored
+    before it is inflated — however large a size its item records, what a
+    reader inflates stays bounded by what a claim can carry."""
+    data = b"\x02manifest" * (HANDOVER_LIMIT // 2)
+    packed = zlib.compress(data, 0)  # stored blocks: larger than the data
+    assert len(packed) > HANDOVER_LIMIT
+    assert unpack_handover(packed, len(data)) is None
+    fits = pack_handover(data)
+    assert fits is not None and unpack_handover(fits, len(data)) == data
