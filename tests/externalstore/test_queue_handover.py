@@ -73,6 +73,9 @@ from lancetx.externalstore.dynamodb.plans import HANDOVER
 from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import Table, run, stage_steps
+from lancetx.ops.cleanup import cleanup_versions
+from lancetx.ops.table import open_table
+from lancetx.ops.verify import verify_table
 
 ROWS = 10
 WAIT = 60.0  # generous: an event that does not come within this is a failure
@@ -793,3 +796,29 @@ def test_a_handover_larger_than_any_claim_carries_is_not_inflated() -> None:
     assert unpack_handover(packed, len(data)) is None
     fits = pack_handover(data)
     assert fits is not None and unpack_handover(fits, len(data)) == data
+
+
+def test_a_parent_copied_but_not_flipped_does_not_stop_a_cleanup(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same crash (copy made, flip not): the next writer claims on top, so no
+    writer flips version 2 any more. ``cleanup`` finishes such a version (as any
+    reader would) instead of keeping it and every version after it for good."""
+    parent = load_parent(solo.handler(solo.second), solo.second.base)
+    _claim_then_crash(solo, monkeypatch, at="flip")
+    lancetx_append(
+        solo.handler(solo.second),
+        solo.second.base,
+        solo.second.data_uri,
+        solo.options,
+        batch("second", 0, ROWS),
+        parent,
+    )
+    report = cleanup_versions(open_table(solo.uri, solo.options), keep_versions=1)
+
+    assert report.errors == []
+    assert report.removed_versions == [1, 2], report
+    assert report.kept_versions == [3]
+    ds = lance.dataset(solo.uri, storage_options=solo.options)
+    assert (ds.version, ds.count_rows()) == (3, 3 * ROWS)
+    assert verify_table(open_table(solo.uri, solo.options)).ok
