@@ -216,6 +216,17 @@ class CommitOptions:
     table_uri: str | None = None
     stable_row_ids: bool = False
 
+    def __post_init__(self) -> None:
+        # "" would read as "no key" further down (a falsy property), so a caller who
+        # meant a key would get a commit that is never deduplicated.
+        if self.idempotency_key is not None and (
+            not isinstance(self.idempotency_key, str) or not self.idempotency_key
+        ):
+            raise ValueError(
+                f"CommitOptions.idempotency_key={self.idempotency_key!r}: give a non-empty "
+                "string, or None for a commit without one"
+            )
+
 
 @dataclass(frozen=True)
 class Committed:
