@@ -13,7 +13,12 @@ instead of finishing the version itself. The claim stays the only arbiter:
 * a conflict with the version handed over stops the commit with nothing of ours
   left, however late it is found;
 * a crash between the stage and the claim keeps our files and names the version;
-* a handover that is not the manifest the item describes is ignored.
+* a handover that is not the manifest the item describes is ignored, and one
+  whose bytes are not the version's committed manifest is never claimed on;
+* a keyed commit next in line is deduplicated by the version handed over;
+* pylance reads, finishes and commits over an item that carries a handover;
+* a crash between copy and flip leaves the version readable, and ``cleanup``
+  finishes it instead of stopping there.
 
 Deterministic: the two writers' steps are ordered by events, never by sleeps.
 """
