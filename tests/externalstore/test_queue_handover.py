@@ -25,13 +25,16 @@ Deterministic: the two writers' steps are ordered by events, never by sleeps.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
+import json
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lance
@@ -79,6 +82,7 @@ from lancetx.externalstore.dynamodb.store import DynamoDBManifestStore
 from lancetx.externalstore.memory import MemoryManifestStore
 from lancetx.externalstore.protocol import Table, run, stage_steps
 from lancetx.ops.cleanup import cleanup_versions
+from lancetx.ops.repair import repair_table
 from lancetx.ops.table import open_table
 from lancetx.ops.verify import verify_table
 
@@ -827,3 +831,31 @@ def test_a_parent_copied_but_not_flipped_does_not_stop_a_cleanup(
     ds = lance.dataset(solo.uri, storage_options=solo.options)
     assert (ds.version, ds.count_rows()) == (3, 3 * ROWS)
     assert verify_table(open_table(solo.uri, solo.options)).ok
+
+
+def test_repair_force_backs_up_an_item_that_carries_a_handover(
+    solo: Solo, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A queued claim whose staged manifest was deleted before its copy (no final
+    copy, no transaction file left: wedged, nothing to rebuild it from): ``repair
+    --force`` saves the item — binary handover included, as ``aws dynamodb
+    put-item --item`` takes it (base64) — before it deletes it."""
+    _claim_then_crash(solo, monkeypatch, at="copy")
+    item = solo.item(2)
+    store = solo.handler(solo.first).store
+    store.delete(item["path"]["S"])
+    for meta in store.list(f"{solo.first.base}/_transactions/"):
+        if not meta.key.rsplit("/", 1)[-1].startswith("0-"):
+            store.delete(meta.key)  # the crashed writer's: no candidate to rebuild from
+
+    forced = repair_table(
+        open_table(solo.uri, solo.options), version=2, force=True, backup_dir=str(tmp_path)
+    )
+    assert forced.ok, forced
+    (action,) = forced.actions
+    assert action.kind == "remove_item" and action.backup_file is not None
+    saved = json.loads(Path(action.backup_file).read_text())["Item"]
+    assert base64.b64decode(saved[HANDOVER]["B"]) == bytes(item[HANDOVER]["B"])
+    assert saved["path"] == item["path"]
+    assert solo.item(2) == {}
+    assert lance.dataset(solo.uri, storage_options=solo.options).version == 1
