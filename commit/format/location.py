@@ -9,8 +9,15 @@ from dataclasses import dataclass, field
 from lancetx.commit.format.naming import NamingScheme
 
 #: The largest handover (a staged manifest, compressed) a claim carries in its
-#: entry: a DynamoDB item holds 400 KB, and each KB written is a write unit.
-HANDOVER_LIMIT = 32 * 1024
+#: entry. Each KB of item is a DynamoDB write unit on the claim and again on the flip
+#: (billed at the larger item), and one partition takes 1,000 units/s: 8 KiB keeps a
+#: queued commit at ~18 units (~55 commits/s a table) and covers manifests of a few
+#: hundred fragments; larger ones are read from the object store as before.
+HANDOVER_LIMIT = 8 * 1024
+
+#: Manifests this many times the limit are not compressed at all: no manifest packs
+#: that well, and compressing a large one costs milliseconds per commit for nothing.
+_HOPELESS_RATIO = 32
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class ManifestLocation:
 def pack_handover(manifest: bytes) -> bytes | None:
     """A staged manifest as a claim carries it to the writers waiting in the commit
     queue (compressed), or None when it is too large to be worth carrying."""
+    if len(manifest) > _HOPELESS_RATIO * HANDOVER_LIMIT:
+        return None
     packed = zlib.compress(manifest, 1)
     return packed if len(packed) <= HANDOVER_LIMIT else None
 

@@ -549,6 +549,21 @@ def test_a_manifest_too_large_to_hand_over_is_not_carried() -> None:
     assert pack_handover(big) is None
 
 
+def test_a_manifest_no_compression_could_fit_is_not_compressed(monkeypatch: Any) -> None:
+    calls: list[int] = []
+    real = zlib.compress
+
+    def counting(data: bytes, level: int = -1) -> bytes:
+        calls.append(len(data))
+        return real(data, level)
+
+    monkeypatch.setattr(zlib, "compress", counting)
+    assert pack_handover(b"\0" * (64 * HANDOVER_LIMIT)) is None  # would pack, but no claim takes it
+    assert calls == []
+    assert pack_handover(b"\0" * 1000) is not None
+    assert calls == [1000]
+
+
 # ------------------------------------------------------- attacks on the handover
 
 
