@@ -838,6 +838,10 @@ def test_a_parent_copied_but_not_flipped_does_not_stop_a_cleanup(
         batch("second", 0, ROWS),
         parent,
     )
+    (finding,) = [
+        f for f in verify_table(open_table(solo.uri, solo.options)).findings if f.version == 2
+    ]
+    assert "stopped after copying it to its final name" in finding.detail, finding
     report = cleanup_versions(open_table(solo.uri, solo.options), keep_versions=1)
 
     assert report.errors == []
