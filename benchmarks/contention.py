@@ -71,9 +71,11 @@ from _harness import (
 )
 
 from lancetx.commit.engine.committer import Committed, Parent, commit_transaction, load_parent
+from lancetx.commit.engine.operations import Append as AppendOp
 from lancetx.commit.engine.operations import Delete, Transaction
+from lancetx.commit.format.fragments import fragment_from_pylance
 from lancetx.demo.embedded import EmbeddedAws
-from lancetx.demo.race import batch, lancetx_append
+from lancetx.demo.race import batch, data_writer, lancetx_append
 from lancetx.externalstore.connect import TableConnection, connect
 
 SYSTEMS: tuple[str, ...] = ("lancetx", "lancetx-fresh", "pylance")
@@ -118,6 +120,12 @@ class Run:
     cpu_seconds: float = 0.0
     #: Conditional PutItems per claimed version, for this run's table.
     claimants: list[int] = field(default_factory=list)
+    #: Which of the paired runs (``--repeats``) this one belongs to.
+    repeat: int = 0
+
+    @property
+    def commits_per_second(self) -> float:
+        return len(self.committed) / self.wall_seconds if self.wall_seconds else 0.0
 
     @property
     def committed(self) -> list[Append]:
@@ -163,6 +171,7 @@ class Run:
         data = [a.data_seconds * 1000 for a in self.committed if a.data_seconds is not None]
         return {
             "system": self.system,
+            "repeat": self.repeat,
             "workload": self.workload,
             "writers": self.writers,
             "appends_per_writer": self.appends_per_writer,
@@ -206,6 +215,10 @@ class WriterTask:
     appends: int
     rows: int
     workload: str = "appends"
+    #: Data files written before the release; only commits are timed.
+    commit_only: bool = False
+    #: Record every request of a lancetx writer (``--trace``): a folder for its JSON.
+    trace: str | None = None
 
 
 AppendFn = Callable[[str, int, int], Append]
@@ -218,6 +231,8 @@ def deletes_now(task: WriterTask, seq: int) -> bool:
 
 def make_append(task: WriterTask) -> AppendFn:
     """Set the writer up (outside the timed window) and return its append function."""
+    if task.commit_only:
+        return commit_only_writer(task)
     if task.system.startswith("lancetx"):
         # Each writer has its own connection, as separate processes or hosts would.
         conn = connect(task.uri, task.options)
@@ -318,13 +333,256 @@ def pylance_writer(task: WriterTask) -> AppendFn:
     return append
 
 
+def commit_only_writer(task: WriterTask) -> AppendFn:
+    """The commit path only: every data file of the writer's appends is written
+    during setup (pylance's ``write_fragments``, both systems), and each timed
+    operation commits one prepared Append. lancetx keeps its last ``Committed`` as
+    the next parent; pylance commits with the version its last commit returned as
+    the read version (``LanceDataset.commit``), so neither reads before committing."""
+    batches = [batch(task.name, seq, task.rows) for seq in range(task.appends)]
+    if task.system.startswith("lancetx"):
+        conn = connect(task.uri, task.options)
+        if task.trace:
+            trace_requests(conn, os.path.join(task.trace, f"{task.name}.json"))
+        first = load_parent(conn.handler, conn.base)
+        assert first is not None
+        writer = data_writer(conn, first)
+        prepared = [
+            tuple(
+                fragment_from_pylance(f)
+                for f in lance.fragment.write_fragments(
+                    b, writer, storage_options=conn.storage_options
+                )
+            )
+            for b in batches
+        ]
+        parent: list[Parent | Committed] = [first]
+        fresh = task.system == "lancetx-fresh"
+
+        def commit_lancetx(writer_name: str, seq: int, rows: int) -> Append:
+            started = time.perf_counter()
+            try:
+                current = parent[0]
+                if fresh:
+                    loaded = load_parent(conn.handler, conn.base)
+                    assert loaded is not None
+                    current = loaded
+                txn = Transaction(
+                    read_version=current.version,
+                    operation=AppendOp(fragments=prepared[seq]),
+                    properties={"writer": "lancetx-bench"},
+                )
+                done = commit_transaction(conn.handler, conn.base, txn, parent=current)
+            except Exception as exc:
+                return Append(writer_name, seq, time.perf_counter() - started, False, _short(exc))
+            parent[0] = done
+            return Append(
+                writer_name, seq, time.perf_counter() - started, True, attempts=done.attempts
+            )
+
+        return commit_lancetx
+    ds = lance.dataset(task.uri, storage_options=task.options)
+    frags = [lance.fragment.write_fragments(b, ds) for b in batches]
+    read_version = [ds.version]
+
+    def commit_pylance(writer_name: str, seq: int, rows: int) -> Append:
+        started = time.perf_counter()
+        try:
+            done = lance.LanceDataset.commit(
+                task.uri,
+                lance.LanceOperation.Append(frags[seq]),
+                read_version=read_version[0],
+                storage_options=task.options,
+            )
+        except Exception as exc:
+            return Append(writer_name, seq, time.perf_counter() - started, False, _short(exc))
+        read_version[0] = done.version
+        return Append(writer_name, seq, time.perf_counter() - started, True)
+
+    return commit_pylance
+
+
+#: What ``--trace`` records: (object, method) of the handler's stores.
+TRACED = {
+    "store": ("get", "get_tail", "get_tail_bulk", "head", "put", "copy", "delete", "list"),
+    "entries": (
+        "get",
+        "get_entries",
+        "latest",
+        "put_if_not_exists",
+        "put_with_key_if_not_exists",
+        "put_if_exists",
+        "list_entries",
+        "take_ticket",
+        "read_turns",
+        "end_turn",
+    ),
+}
+
+
+def trace_requests(conn: TableConnection, path: str) -> None:
+    """Record every call of the handler's object store and external store (start,
+    end, what it touched, how it ended) and write them to ``path`` at exit: the
+    raw material of :func:`critical_sections`."""
+    import json
+
+    events: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def detail(name: str, args: tuple[Any, ...]) -> Any:
+        first = args[0] if args else None
+        if name in ("put_if_not_exists", "put_with_key_if_not_exists", "put_if_exists"):
+            return first.version if first is not None else None
+        if name == "get_entries":
+            return list(args[1])
+        if name == "get" and len(args) == 2 and isinstance(args[1], int):
+            return args[1]
+        return first if isinstance(first, str) else None
+
+    def result_of(name: str, value: Any) -> Any:
+        if name == "get_entries":
+            return [e.version for e in value]
+        if name == "get" and hasattr(value, "version"):
+            return value.version
+        return None
+
+    def wrap(target: Any, kind: str, name: str) -> None:
+        original = getattr(target, name)
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            started = time.time()
+            outcome, result = "ok", None
+            try:
+                value = original(*args, **kwargs)
+                result = result_of(name, value)
+                return value
+            except BaseException as exc:
+                outcome = type(exc).__name__
+                raise
+            finally:
+                with lock:
+                    events.append(
+                        {
+                            "call": f"{kind}.{name}",
+                            "start": started,
+                            "end": time.time(),
+                            "arg": detail(name, args),
+                            "outcome": outcome,
+                            "result": result,
+                        }
+                    )
+
+        setattr(target, name, traced)
+
+    for kind, names in TRACED.items():
+        target = getattr(conn.handler, kind)
+        for name in names:
+            if hasattr(target, name):
+                wrap(target, kind, name)
+
+    def dump() -> None:
+        with open(path, "w") as out:
+            json.dump(events, out)
+
+    _TRACE_DUMPS.append(dump)
+
+
+#: Writes the traces of this process (a writer runs them once it is done).
+_TRACE_DUMPS: list[Callable[[], None]] = []
+
+
+def critical_sections(folder: str) -> str:
+    """From the writers' traces: for each version claimed right after another by a
+    different writer, where the time between the two won claims went (the next
+    writer's requests in between, by kind; the rest is its CPU and its sleeps)."""
+    import glob
+    import json
+
+    traces = {}
+    for path in glob.glob(os.path.join(folder, "*.json")):
+        with open(path) as f:
+            traces[os.path.basename(path)[:-5]] = json.load(f)
+    claims: dict[int, tuple[str, dict[str, Any]]] = {}
+    for writer, events in traces.items():
+        for e in events:
+            claimed = e["call"].startswith("entries.put_") and "if_not_exists" in e["call"]
+            if claimed and e["outcome"] == "ok":
+                claims[e["arg"]] = (writer, e)
+    gaps: list[float] = []
+    parts: dict[str, list[float]] = {}
+    detect: list[float] = []
+    for version in sorted(claims):
+        if version - 1 not in claims:
+            continue
+        prev_writer, prev = claims[version - 1]
+        writer, claim = claims[version]
+        if writer == prev_writer:
+            continue
+        t0, t1 = prev["end"], claim["end"]
+        gaps.append(t1 - t0)
+        spent: dict[str, float] = {}
+        seen_at = None
+        for e in traces[writer]:
+            if e["end"] <= t0 or e["start"] >= t1:
+                continue
+            kind = _request_kind(e, version)
+            share = min(e["end"], t1) - max(e["start"], t0)
+            spent[kind] = spent.get(kind, 0.0) + share
+            if seen_at is None and e["call"] in ("entries.get_entries", "entries.get"):
+                found = e["result"] if isinstance(e["result"], list) else [e["result"]]
+                if version - 1 in found:
+                    seen_at = e["end"]
+        spent["other (CPU, sleeps)"] = (t1 - t0) - sum(spent.values())
+        for kind, seconds in spent.items():
+            parts.setdefault(kind, []).append(seconds)
+        if seen_at is not None:
+            detect.append(seen_at - t0)
+    if not gaps:
+        return "No handoffs between writers in the traces."
+    n = len(gaps)
+    rows = [
+        [kind, fmt(1000 * sum(v) / n, 1), fmt(100 * sum(v) / sum(gaps), 0) + "%"]
+        for kind, v in sorted(parts.items(), key=lambda kv: -sum(kv[1]))
+    ]
+    return "\n".join(
+        [
+            f"Between two writers' won claims ({n} handoffs; mean {1000 * sum(gaps) / n:.1f} ms, "
+            f"median {1000 * statistics.median(gaps):.1f} ms; the next writer saw the claim "
+            f"{1000 * statistics.median(detect) if detect else float('nan'):.1f} ms after it "
+            "landed, median): what the next writer spent the time on (mean per handoff)",
+            "",
+            markdown_table(["the next writer's", "ms", "share"], rows),
+            "",
+        ]
+    )
+
+
+def _request_kind(event: dict[str, Any], version: int) -> str:
+    call, arg = event["call"], event["arg"]
+    if call.startswith("entries.put_") and "if_not_exists" in call:
+        return "claim (conditional PutItem)"
+    if call in ("entries.get_entries", "entries.get"):
+        return "looks and entry reads (GetItem/BatchGetItem)"
+    if call == "store.put" and isinstance(arg, str) and "/_versions/" in arg:
+        return "stage (manifest PUT)"
+    if call == "store.put":
+        return "transaction file PUT"
+    if call in ("store.get", "store.get_tail", "store.get_tail_bulk"):
+        return "manifest/transaction GET"
+    if call in ("store.copy", "entries.put_if_exists", "store.delete", "store.head"):
+        return "finishing a version (copy, flip, delete, HEAD)"
+    return call
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text[:160]}"
 
 
-#: Seconds any party waits at a start barrier before the run is declared broken.
-BARRIER_TIMEOUT = 180.0
+#: Seconds any party waits at a start barrier before the run is declared broken
+#: (32 writer processes importing pylance and writing their data files on a
+#: loaded 2-core machine took more than 3 minutes).
+BARRIER_TIMEOUT = 900.0
 
 
 def writer_main(task: WriterTask, ready: Any, go: Any, out: Any) -> None:
@@ -343,6 +601,8 @@ def writer_main(task: WriterTask, ready: Any, go: Any, out: Any) -> None:
             results.append(asdict(Append(task.name, seq, 0.0, False, f"setup: {setup_error}")))
         else:
             results.append(asdict(append(task.name, seq, task.rows)))
+    for dump in _TRACE_DUMPS:
+        dump()
     out.put((results, time.time(), time.process_time() - cpu))
 
 
@@ -406,6 +666,8 @@ def run_one(
     appends: int,
     rows: int,
     workload: str = "appends",
+    commit_only: bool = False,
+    trace: str | None = None,
 ) -> Run:
     # Its own DynamoDB table: see Bench.fresh_ddb_table (moto's Query scans them whole).
     uri = bench.ddb_uri(unique_name(f"{system}-{writers}w"), bench.fresh_ddb_table())
@@ -413,7 +675,9 @@ def run_one(
     lance.write_dataset(batch("setup", 0, rows), uri, storage_options=options)
     run = Run(system, writers, appends, rows, workload=workload)
     tasks = [
-        WriterTask(system, uri, options, f"{system}-{i}", appends, rows, workload)
+        WriterTask(
+            system, uri, options, f"{system}-{i}", appends, rows, workload, commit_only, trace
+        )
         for i in range(writers)
     ]
     run.appends, run.wall_seconds, seen, run.cpu_seconds = race(mode, tasks, counter)
@@ -675,6 +939,77 @@ def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
     return "\n".join(out)
 
 
+def paired_summary(runs: Sequence[Run], loads: Sequence[tuple[float, float, float]]) -> str:
+    """Per paired run: lancetx / pylance commits/s at each writer count, and each
+    system's contended / one-writer commits/s; then the medians over the runs."""
+    repeats = sorted({r.repeat for r in runs})
+    writers = sorted({r.writers for r in runs})
+    by = {(r.repeat, r.system, r.writers): r for r in runs}
+    rows: list[list[str]] = []
+    ratios: dict[int, list[float]] = {}
+    scaled: dict[tuple[str, int], list[float]] = {}
+    for rep in repeats:
+        for n in writers:
+            lx, py = by.get((rep, "lancetx", n)), by.get((rep, "pylance", n))
+            ratio = (
+                lx.commits_per_second / py.commits_per_second
+                if lx is not None and py is not None and py.commits_per_second
+                else float("nan")
+            )
+            ratios.setdefault(n, []).append(ratio)
+            cells = []
+            for system, run in (("lancetx", lx), ("pylance", py)):
+                one = by.get((rep, system, 1))
+                share = (
+                    run.commits_per_second / one.commits_per_second
+                    if run is not None and one is not None and one.commits_per_second
+                    else float("nan")
+                )
+                scaled.setdefault((system, n), []).append(share)
+                cells += [
+                    fmt(run.commits_per_second) if run is not None else "-",
+                    f"{len(run.failed)}" if run is not None else "-",
+                    fmt(share, 2),
+                ]
+            rows.append([str(rep + 1), str(n), *cells, fmt(ratio, 2)])
+    load = " / ".join(f"{a:.1f}" for a, _, _ in loads)
+    out = [
+        f"Paired runs (load average at each run's start: {load}):",
+        "",
+        markdown_table(
+            [
+                "run",
+                "writers",
+                "lancetx commits/s",
+                "lancetx failed",
+                "lancetx / its 1 writer",
+                "pylance commits/s",
+                "pylance failed",
+                "pylance / its 1 writer",
+                "lancetx / pylance",
+            ],
+            rows,
+        ),
+        "",
+        "Medians over the runs:",
+        "",
+        markdown_table(
+            ["writers", "lancetx / pylance", "lancetx / its 1 writer", "pylance / its 1 writer"],
+            [
+                [
+                    str(n),
+                    fmt(statistics.median(ratios[n]), 2),
+                    fmt(statistics.median(scaled[("lancetx", n)]), 2),
+                    fmt(statistics.median(scaled[("pylance", n)]), 2),
+                ]
+                for n in writers
+            ],
+        ),
+        "",
+    ]
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Concurrent appends through s3+ddb:// on a legacy S3 (embedded moto): "
@@ -720,8 +1055,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one process per writer (default: like independent writers; no GIL shared with "
         "the emulator) or one thread per writer in this process",
     )
+    parser.add_argument(
+        "--commit-only",
+        action="store_true",
+        help="write every data file during setup and time the commits only (appends workload)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="paired runs of the whole matrix, one after another (default 1); with more than "
+        "one, the report ends with the median of the per-run ratios",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="record every request of the lancetx writers (one JSON per writer and run under "
+        "DIR) and report where the time between two writers' claims goes",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
+    if args.commit_only and args.workload != "appends":
+        parser.error("--commit-only times prepared appends: use it with --workload appends")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
 
     systems = [s for s in args.systems.split(",") if s]
     unknown = set(systems) - set(SYSTEMS)
@@ -738,15 +1095,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runs: list[Run] = []
     anchors: list[Anchor] = []
+    loads: list[tuple[float, float, float]] = []
     with Stopwatch() as total, EmbeddedAws(legacy_s3=True) as aws:
         bench = start_bench(aws)
         with counting(aws) as counter:
-            # Systems side by side per writer count: adjacent in time, so a change
-            # in the machine's load hits both.
-            for writers in writer_counts:
-                for system in systems:
-                    runs.append(
-                        run_one(
+            for repeat in range(args.repeats):
+                loads.append(os.getloadavg())
+                # Systems side by side per writer count: adjacent in time, so a change
+                # in the machine's load hits both.
+                for writers in writer_counts:
+                    for system in systems:
+                        folder = None
+                        if args.trace and system.startswith("lancetx"):
+                            folder = os.path.join(args.trace, f"{system}-{writers}w-{repeat + 1}")
+                            os.makedirs(folder, exist_ok=True)
+                        run = run_one(
                             bench,
                             counter,
                             args.mode,
@@ -755,8 +1118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                             args.appends,
                             args.rows,
                             args.workload,
+                            args.commit_only,
+                            folder,
                         )
-                    )
+                        run.repeat = repeat
+                        runs.append(run)
+                        if folder is not None:
+                            print(f"{system}, {writers} writers, run {repeat + 1}:")
+                            print(critical_sections(folder))
             for _ in range(args.plain_trials if args.plain_writers > 0 else 0):
                 anchors.append(
                     run_anchor(
@@ -764,6 +1133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
     print(report(runs, anchors))
+    if args.repeats > 1 or args.commit_only:
+        print(paired_summary(runs, loads))
     print(
         f"({total.seconds:.1f} s; moto in-process on 127.0.0.1, S3 ignoring If-None-Match — "
         "relative numbers, not AWS)"
@@ -775,7 +1146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "benchmark": "contention",
                 "mode": args.mode,
                 "workload": args.workload,
+                "commit_only": args.commit_only,
+                "repeats": args.repeats,
                 "load_average": os.getloadavg(),
+                "load_average_per_repeat": loads,
                 "environment": environment(),
                 "runs": [r.as_json() for r in runs],
                 "plain_s3_anchor": [a.as_json() for a in anchors],

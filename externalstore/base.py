@@ -33,7 +33,7 @@ import abc
 import enum
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lancetx.commit.errors import UnsupportedOperationError
 from lancetx.commit.format.location import TransactionSummary
@@ -89,6 +89,11 @@ class ManifestEntry:
     bucket: str | None = None
     summary: TransactionSummary | None = None
     removed_at: int | None = None
+    #: lancetx only, on a staged entry claimed from the commit queue: the staged
+    #: manifest, packed (:func:`~lancetx.commit.format.location.pack_handover`), so
+    #: that the next writer in the queue builds on it without reading the object.
+    #: Dropped when the entry is pointed at the final manifest.
+    handover: bytes | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.base_uri:

@@ -228,6 +228,23 @@ class AsyncStoreCommitQueue(_QueueFailures, AsyncCommitQueue):
             return None
 
 
+def _handed_over(store: StoreInfo, location: ManifestLocation) -> ManifestFile | None:
+    """The manifest its claim carried in its entry (a claim from the commit queue
+    hands it to the next writer, see :func:`~lancetx.commit.format.location.pack_handover`),
+    decoded and checked like one read from ``location.key``; None without one (or
+    when it does not decode: the object is read then)."""
+    data = location.handed_over()
+    if data is None:
+        return None
+    path = store.uri(location.key)
+    try:
+        manifest = decode_manifest(data, path=path)
+    except ManifestFormatError:
+        return None
+    check_reader_flags(manifest.manifest, path)
+    return manifest
+
+
 def _table(base: str) -> Table:
     # Lance's convention: the external store's base_uri is the path inside the bucket.
     return Table(base_uri=base, base_key=base)
@@ -454,7 +471,9 @@ class ExternalStoreCommitHandler(_CommitSteps, CommitHandler):
         ``bulk``: see :meth:`CommitHandler.read_manifest` (the same checks apply).
         """
         try:
-            manifest = read_manifest_at(self.store, location, bulk=bulk)
+            manifest = _handed_over(self.store, location) or read_manifest_at(
+                self.store, location, bulk=bulk
+            )
         except ObjectNotFoundError as exc:
             if location.alternate_key is None:
                 raise self._explain(base, location, exc) from exc
@@ -560,11 +579,9 @@ class AsyncExternalStoreCommitHandler(_CommitSteps, AsyncCommitHandler):
     ) -> ManifestFile:
         """See :meth:`ExternalStoreCommitHandler.read_manifest` (one GET of the whole file)."""
         try:
-            found = (
-                await read_manifest_bulk_async(self.store, location.key, location.size)
-                if bulk
-                else None
-            )
+            found = _handed_over(self.store, location)
+            if found is None and bulk:
+                found = await read_manifest_bulk_async(self.store, location.key, location.size)
             manifest = found if found is not None else await self._read(location.key)
         except ObjectNotFoundError as exc:
             if location.alternate_key is None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lancetx.commit import sansio
-from lancetx.commit.engine.effects import DeleteObject, GetObject, PutObject
+from lancetx.commit.engine.effects import DeleteObject, GetObject, HeadObject, PutObject
 from lancetx.commit.errors import (
     CommitStateUnknownError,
     IdempotencyKeyCollisionError,
@@ -59,7 +59,7 @@ from lancetx.commit.format.listing import (
     newest_location,
     versions_prefix,
 )
-from lancetx.commit.format.location import ManifestLocation, TransactionSummary
+from lancetx.commit.format.location import ManifestLocation, TransactionSummary, pack_handover
 from lancetx.commit.format.naming import (
     VERSIONS_DIR,
     NamingScheme,
@@ -138,13 +138,6 @@ class CopyObject:
 
     src: str
     dst: str
-
-
-@dataclass(frozen=True)
-class HeadObject:
-    """Object metadata (result: ObjectMeta)."""
-
-    key: str
 
 
 @dataclass(frozen=True)
@@ -379,6 +372,11 @@ def stage_steps(
         committer=committer,
         commit_token=token,
         summary=summary,
+        # A claim from the commit queue has writers waiting behind it: the next
+        # one builds on this manifest, and reads it from the entry it watches.
+        handover=(
+            pack_handover(manifest) if summary is not None and summary.ticket is not None else None
+        ),
     )
     return Staged(table, entry, manifest, manifest_key(table.base_key, version, scheme), meta.etag)
 
@@ -1159,6 +1157,7 @@ def _location(entry: ManifestEntry, scheme: NamingScheme) -> ManifestLocation:
         alternate_key=alternate,
         summary=entry.summary,
         removed=entry.is_removed,
+        handover=entry.handover if entry.is_staged else None,
     )
 
 

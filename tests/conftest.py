@@ -73,6 +73,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("long_only"):
                 item.add_marker(later)
+    if suite_profile.long_pass_follows():
+        left = pytest.mark.skip(
+            reason=f"run at full size by the long pass ({suite_profile.LONG_PASS_FOLLOWS_VARIABLE})"
+        )
+        for item in items:
+            if item.get_closest_marker("long"):
+                item.add_marker(left)
     if external_backend.selected():
         skip = pytest.mark.skip(reason="needs the embedded server (marked embedded_only)")
         for item in items:

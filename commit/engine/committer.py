@@ -52,6 +52,7 @@ committed) tries ``latest + 1`` straight away: no listing, no extra read.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -72,6 +73,8 @@ from lancetx.commit.engine.effects import (
     DeleteObject,
     Effect,
     Gather,
+    GetObject,
+    HeadObject,
     Names,
     PutObject,
     ReadManifest,
@@ -143,6 +146,8 @@ from lancetx.commit.format.naming import NamingScheme, transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
 from lancetx.commit.sansio import relay
+from lancetx.commit.storage.limits import MANIFEST
+from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.protos import table_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -210,6 +215,17 @@ class CommitOptions:
     observer: CommitObserver | None = None
     table_uri: str | None = None
     stable_row_ids: bool = False
+
+    def __post_init__(self) -> None:
+        # "" would read as "no key" further down (a falsy property), so a caller who
+        # meant a key would get a commit that is never deduplicated.
+        if self.idempotency_key is not None and (
+            not isinstance(self.idempotency_key, str) or not self.idempotency_key
+        ):
+            raise ValueError(
+                f"CommitOptions.idempotency_key={self.idempotency_key!r}: give a non-empty "
+                "string, or None for a commit without one"
+            )
 
 
 @dataclass(frozen=True)
@@ -473,9 +489,9 @@ def _attempts(state: _Attempts) -> Steps[Committed]:
             mine = yield from _judge(state)
             if mine is not None:
                 return mine
-        yield from _finish_parent(state)
-        # 2. Build, write the transaction file, encode.
-        built = yield from _build(state)
+        # 2. Build, write the transaction file, encode (beside the check of a
+        # staged parent's final copy).
+        built = yield from _finish_parent_and_build(state)
         # 3. Claim.
         committed = yield from _claim(state, built)
         if committed is not None:
@@ -581,13 +597,58 @@ def _judge(state: _Attempts) -> Steps[Committed | None]:
     return None
 
 
-def _finish_parent(state: _Attempts) -> Steps[None]:
+def _finish_parent_and_build(state: _Attempts) -> Steps[_Built]:
+    """:func:`_finish_parent`, then :func:`_build`; when the parent's claim handed
+    its manifest over, the HEAD of its final copy is sent while ours is built."""
+    current = state.current
+    handed = current.location.handed_over() if current is not None else None
+    if current is None or handed is None:
+        yield from _finish_parent(state)
+        return (yield from _build(state))
+    copied, built = yield Gather([_copied_already(current.location), _build(state)], 2)
+    if copied is not None:
+        state.current = Parent(copied, current.manifest)
+    else:
+        yield from _finish_parent(state, checked=True)
+        yield from _check_handed_over(state, handed)
+    return built  # type: ignore[no-any-return]
+
+
+def _check_handed_over(state: _Attempts, handed: bytes) -> Steps[None]:
+    """Ours was judged and built on the bytes the parent's claim handed over, and
+    the HEAD did not show them at the parent's final name: now that the parent is
+    finished, its final copy must hold exactly those bytes (one GET, only on this
+    path). Only an entry edited by another tool (or by hand), or a version rebuilt
+    meanwhile, can carry others; claiming on them would commit a version built on
+    a manifest that was never committed."""
+    current = state.current
+    assert current is not None
+    final: bytes = yield GetObject(current.location.key, MANIFEST)
+    if final != handed:
+        raise InvalidCommitError(
+            state.uri,
+            f"the entry of version {current.version} hands over a manifest that is not the "
+            f"one committed at {current.location.key!r} (the entry was edited by another tool "
+            "or by hand, or the version was rebuilt meanwhile), so transaction "
+            f"{state.ours.uuid} was not claimed on top of it; re-read the table at its latest "
+            "version and plan the transaction again",
+        )
+
+
+def _finish_parent(state: _Attempts, *, checked: bool = False) -> Steps[None]:
     """The parent is still a staged manifest (its writer crashed or is still
     finalizing): finish it before claiming on top of it, so the object store
     never lags more than one commit behind (a reader that does not know the
-    external store, or a copy of the directory, would see a hole otherwise)."""
+    external store, or a copy of the directory, would see a hole otherwise).
+    A parent whose bytes its claim handed over needs only its final copy in
+    place (its writer's pointer flip follows; any reader finishes that): one
+    HEAD, the next in line's usual case in the commit queue."""
     current = state.current
     if current is None or current.location.alternate_key is None:
+        return
+    copied = None if checked else (yield from _copied_already(current.location))
+    if copied is not None:
+        state.current = Parent(copied, current.manifest)
         return
     finished: ManifestLocation = yield ResolveVersion(state.base, current.version)
     if finished.alternate_key is not None:
@@ -595,6 +656,32 @@ def _finish_parent(state: _Attempts) -> Steps[None]:
         # in the log): claiming on top now would leave it behind for good.
         raise UnfinishedParentError(state.uri, current.version, state.ours.uuid, finished.key)
     state.current = Parent(finished, current.manifest)
+
+
+def _copied_already(staged: ManifestLocation) -> Steps[ManifestLocation | None]:
+    """``staged``'s version at its final name, when its writer's copy is there
+    already (one HEAD: the object holds exactly the bytes the claim handed over,
+    by their MD5) — what a writer next in the commit queue usually finds, just
+    after the claim it watched. None otherwise (no handover to compare with, not
+    copied yet, another ETag): the version is finished the long way."""
+    data = staged.handed_over()
+    final = staged.alternate_key
+    if data is None or final is None:
+        return None
+    try:
+        meta: ObjectMeta = yield HeadObject(final)
+    except LancetxError:
+        return None
+    if (
+        meta.size != len(data)
+        or _etag(meta.etag) != hashlib.md5(data, usedforsecurity=False).hexdigest()
+    ):
+        return None
+    return dataclasses.replace(staged, key=final, etag=meta.etag, alternate_key=None, handover=None)
+
+
+def _etag(value: str | None) -> str | None:
+    return value.strip('"').lower() if value else None
 
 
 def _build(state: _Attempts) -> Steps[_Built]:

@@ -72,6 +72,13 @@ class GetTail:
 
 
 @dataclass(frozen=True)
+class HeadObject:
+    """An object's metadata (result: ObjectMeta; ObjectNotFoundError)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
 class PutObject:
     """Write (or overwrite) an object (result: its ObjectMeta)."""
 
@@ -213,6 +220,7 @@ Effect = (
     GetObject
     | GetRange
     | GetTail
+    | HeadObject
     | PutObject
     | DeleteObject
     | ResolveLatest
@@ -298,6 +306,8 @@ def _run_with(steps: Steps[T], store: ObjectStore, handler: CommitHandler | None
                 return store.get_range(key, start, end)
             case GetTail(key, length):
                 return store.get_tail(key, length)
+            case HeadObject(key):
+                return store.head(key)
             case PutObject(key, data):
                 return store.put(key, data)
             case DeleteObject(key):
@@ -394,6 +404,7 @@ async def run_async(steps: Steps[T], handler: AsyncCommitHandler) -> T:
         ),
         GetRange: lambda e: store.get_range(e.key, e.start, e.end),
         GetTail: lambda e: store.get_tail(e.key, e.length),
+        HeadObject: lambda e: store.head(e.key),
         PutObject: lambda e: store.put(e.key, e.data),
         DeleteObject: lambda e: store.delete(e.key),
         ResolveLatest: lambda e: handler.resolve_latest(e.base),
@@ -487,6 +498,7 @@ __all__ = [
     "GetObject",
     "GetRange",
     "GetTail",
+    "HeadObject",
     "ListVersions",
     "LookVersions",
     "Names",

@@ -1038,6 +1038,16 @@ class Transaction:
     #: Wire bytes of Transaction fields lancetx does not know.
     unknown_fields: bytes = field(default=b"", repr=False)
 
+    def __post_init__(self) -> None:
+        # Caught here, not as protobuf's ValueError about a uint64 at serialization.
+        if isinstance(self.read_version, bool) or not isinstance(self.read_version, int):
+            raise TypeError(f"Transaction.read_version={self.read_version!r}: give an int")
+        if self.read_version < 0:
+            raise ValueError(
+                f"Transaction.read_version={self.read_version}: a version number is 0 "
+                "(a new table) or more"
+            )
+
     @property
     def kind(self) -> OperationKind:
         return self.operation.kind

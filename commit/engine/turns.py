@@ -13,6 +13,12 @@ Where the queue stands is read from three places: the claims since our parent
 versions says whose turn it is), the queue item (a writer whose turn ended
 without a claim serves its ticket there), and the newest ticket this process
 saw served (:class:`~lancetx.commit.engine.contention.TableContention`).
+
+The look that shows the claim before ours is also what ours builds on: a claim
+from the queue hands its manifest over in its entry
+(:attr:`~lancetx.commit.format.location.ManifestLocation.handover`), so the
+next in line reads nothing more before it stages and claims (the commit loop
+checks the parent's final copy with one HEAD, see ``committer._finish_parent``).
 """
 
 from __future__ import annotations

@@ -3,9 +3,21 @@ an external manifest store hands to a reader."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 from lancetx.commit.format.naming import NamingScheme
+
+#: The largest handover (a staged manifest, compressed) a claim carries in its
+#: entry. Each KB of item is a DynamoDB write unit on the claim and again on the flip
+#: (billed at the larger item), and one partition takes 1,000 units/s: 8 KiB keeps a
+#: queued commit at ~18 units (~55 commits/s a table) and covers manifests of a few
+#: hundred fragments; larger ones are read from the object store as before.
+HANDOVER_LIMIT = 8 * 1024
+
+#: Manifests this many times the limit are not compressed at all: no manifest packs
+#: that well, and compressing a large one costs milliseconds per commit for nothing.
+_HOPELESS_RATIO = 32
 
 
 @dataclass(frozen=True)
@@ -58,3 +70,36 @@ class ManifestLocation:
     alternate_key: str | None = None
     summary: TransactionSummary | None = field(default=None, compare=False)
     removed: bool = field(default=False, compare=False)
+    #: The staged manifest's bytes as its claim carried them (see :func:`pack_handover`),
+    #: when the store that located it holds them: the next writer in the commit queue
+    #: builds on them without reading the object.
+    handover: bytes | None = field(default=None, compare=False, repr=False)
+
+    def handed_over(self) -> bytes | None:
+        """The manifest's bytes from :attr:`handover`, or None (none, or not these bytes)."""
+        return unpack_handover(self.handover, self.size) if self.handover is not None else None
+
+
+def pack_handover(manifest: bytes) -> bytes | None:
+    """A staged manifest as a claim carries it to the writers waiting in the commit
+    queue (compressed), or None when it is too large to be worth carrying."""
+    if len(manifest) > _HOPELESS_RATIO * HANDOVER_LIMIT:
+        return None
+    packed = zlib.compress(manifest, 1)
+    return packed if len(packed) <= HANDOVER_LIMIT else None
+
+
+def unpack_handover(packed: bytes, size: int | None) -> bytes | None:
+    """The manifest :func:`pack_handover` packed, or None when ``packed`` is not a
+    manifest of ``size`` bytes (anything else, however it came, is ignored: the
+    reader then reads the object, which the claim vouches for)."""
+    if size is None or size <= 0 or len(packed) > HANDOVER_LIMIT:
+        # No claim carries more: a larger attribute is another tool's (or a hostile
+        # item's, up to DynamoDB's 400 KB), never inflated (deflate expands ~1000x).
+        return None
+    try:
+        unpacker = zlib.decompressobj()
+        data = unpacker.decompress(packed, size + 1)
+    except zlib.error:
+        return None
+    return data if len(data) == size and unpacker.eof else None

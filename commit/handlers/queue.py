@@ -22,6 +22,10 @@ the ticket in the claim's summary
 handler offering a queue records it with the claimed version, where the
 writers waiting behind see it when they list the versions — so serving costs
 no request, and the next writer starts while this one finishes its commit. A
+handler may also hand the claimed manifest over in the entry
+(:attr:`ManifestLocation.handover
+<lancetx.commit.format.location.ManifestLocation.handover>`): the next writer
+then builds on it without reading it. A
 turn that ends without a claim (refused, given up, lost) is served by
 :meth:`CommitQueue.end_turn`.
 """

@@ -6,7 +6,10 @@ Table layout (Lance's, ``rust/lance-table/src/io/commit/dynamodb.rs``): HASH key
 ``commit_token`` (S), ``bucket`` (S, the bucket of the manifests: Lance's key
 omits it) and the transaction in brief — ``txn_operation``, ``txn_uuid``,
 ``txn_idempotency_key`` (S) — with ``claimed_at`` (N, epoch milliseconds) and, for a
-claim made from the commit queue, its ``queue_ticket`` (N); pylance ignores them all.
+claim made from the commit queue, its ``queue_ticket`` (N) and, while the item points
+at the staged manifest, ``lancetx_manifest`` (B: that manifest, zlib-compressed, when
+it packs into 8 KiB; the next writer in the queue builds on it without reading the
+object, and the flip to the final manifest drops it); pylance ignores them all.
 
 Key items (lancetx only; see :mod:`lancetx.externalstore.base`): ``base_uri`` (S) =
 the table's ``base_uri`` + ``#lancetx-keys``, ``version`` (N) = the key's slot (63

@@ -13,7 +13,10 @@ The queue gives them an order instead:
   or one BatchGetItem far back in the queue): a claim made from the queue records its ticket
   (``queue_ticket``) and time (``claimed_at``) in the claimed entry, which
   *serves* it — no request of its own — and the newest such ticket is the
-  queue's ``served``;
+  queue's ``served``. The claim also hands its staged manifest (packed, when
+  small) to the next in line in the same entry (``lancetx_manifest``): the look
+  that shows the claim gives the bytes to build on, so the next claim follows
+  after one HEAD (is the version's final copy there yet?), a stage and a claim;
 * a writer whose turn ends without a claim (refused, gave up) serves its
   ticket here instead: one ``UpdateItem`` setting ``served`` to the ticket if
   that is higher. Waiters read this item only while the queue stands still.

@@ -91,6 +91,8 @@ TXN_UUID = "txn_uuid"
 TXN_IDEMPOTENCY_KEY = "txn_idempotency_key"
 QUEUE_TICKET = "queue_ticket"
 CLAIMED_AT = "claimed_at"
+#: A staged entry's manifest, packed for the next writer in the commit queue.
+HANDOVER = "lancetx_manifest"
 #: Set by a cleanup on the item of a version whose manifest it removed (epoch ms).
 REMOVED_AT = "removed_at"
 #: Key items' own attributes.
@@ -177,6 +179,8 @@ def item_from_entry(entry: ManifestEntry, committer: str) -> dict[str, Any]:
             item[CLAIMED_AT] = {"N": str(int(entry.summary.claimed_at * 1000))}
     if entry.removed_at is not None:
         item[REMOVED_AT] = {"N": str(entry.removed_at)}
+    if entry.handover is not None and entry.is_staged:
+        item[HANDOVER] = {"B": entry.handover}
     return item
 
 
@@ -210,6 +214,13 @@ def _removed_at(raw: str | None) -> int | None:
         return max(0, int(float(raw)))
     except (ValueError, OverflowError):
         return 0
+
+
+def _binary(value: Any) -> bytes | None:
+    # Only a hint (a reader checks it against the item's size and else reads the
+    # object): anything but bytes is ignored, never an error.
+    raw = value.get("B") if isinstance(value, Mapping) else None
+    return bytes(raw) if isinstance(raw, (bytes, bytearray)) else None
 
 
 def entry_from_item(
@@ -255,6 +266,7 @@ def entry_from_item(
                 raw_number(CLAIMED_AT),
             ),
             removed_at=_removed_at(raw_number(REMOVED_AT)),
+            handover=_binary(item.get(HANDOVER)),
         )
     except ValueError as exc:
         raise MalformedEntryError(

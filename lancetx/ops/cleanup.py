@@ -9,7 +9,9 @@ Lance's ``cleanup_old_versions`` rules, kept here:
   oldest untagged versions (clocks of writers differ, and a version kept
   between removed ones would look like a missing one to every reader, see
   :mod:`lancetx.commit.format.retention`). A version whose item still points at
-  a staged manifest stops it too (``repair`` finalizes it);
+  a staged manifest stops it too (``repair`` finalizes it) — unless it is
+  below the newest version and its final manifest is in place (a writer killed
+  between its copy and its flip): that one is finished first, as a reader would;
 * a file is deleted only if a removed version references it and no kept
   version does; index folders likewise;
 * versions committed while the cleanup runs are loaded again right before
@@ -49,6 +51,7 @@ from lancetx.commit.errors import LancetxError, ObjectNotFoundError
 from lancetx.commit.format.retention import read_tags
 from lancetx.commit.storage.limits import MANIFEST, read_capped
 from lancetx.externalstore.base import ManifestEntry
+from lancetx.externalstore.protocol import finalize_steps
 from lancetx.ops.inventory import (
     LoadedVersion,
     Progress,
@@ -201,6 +204,27 @@ def _mark_removed(
     return None
 
 
+def _finish_copied(table: OpsTable, entries: list[ManifestEntry], finals: set[int]) -> bool:
+    """Finish the versions below the newest whose final manifest is in place but whose
+    items still point at their staged ones, as any reader of them would (idempotent,
+    safe beside live writers). A writer of the commit queue killed between its copy
+    and its flip leaves one: the next writer claims on top once the final copy is
+    there, so no writer flips it any more, and kept staged it would stop every
+    cleanup at itself. Returns whether any was finished."""
+    newest = max((e.version for e in entries), default=0)
+    finished = False
+    for entry in entries:
+        if not entry.is_staged or entry.version >= newest or entry.version not in finals:
+            continue
+        try:
+            done = table.run(finalize_steps(table.protocol_table, entry, best_effort=True))
+        except LancetxError as exc:  # it stays staged, and is kept (``repair`` says why)
+            log.info("%s: version %d not finished (%s)", table.uri, entry.version, exc)
+            continue
+        finished = finished or not done.is_staged
+    return finished
+
+
 def cleanup_versions(
     table: OpsTable,
     *,
@@ -214,6 +238,8 @@ def cleanup_versions(
     """Remove old versions of ``table``; see the module docstring."""
     started = now or datetime.now(UTC)
     checked = check_table(table, progress)
+    if not dry_run and _finish_copied(table, checked.entries, set(checked.listing.finals)):
+        checked = check_table(table, progress)
     entries, listing, keys, loaded = checked.entries, checked.listing, checked.keys, checked.loaded
     if not loaded:
         return CleanupReport(table.uri, dry_run, None)

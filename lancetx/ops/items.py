@@ -4,6 +4,7 @@ what we looked at."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -112,9 +113,22 @@ def _update_if_path(
 def save_backup(item: dict[str, Any], directory: str, table: str, version: int) -> str:
     """Write ``item`` (DynamoDB JSON, as ``aws dynamodb put-item --item`` takes it)
     to a new file in ``directory``; return its path."""
+    # Encoded whole before the file is opened: a value that cannot be written leaves
+    # no half-written backup behind.
+    text = json.dumps(
+        {"TableName": table, "Item": item}, indent=2, sort_keys=True, default=_binary_json
+    )
     os.makedirs(directory, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = os.path.join(directory, f"lancetx-item-{table}-v{version}-{stamp}.json")
     with open(path, "x", encoding="utf-8") as handle:
-        json.dump({"TableName": table, "Item": item}, handle, indent=2, sort_keys=True)
+        handle.write(text)
     return path
+
+
+def _binary_json(value: object) -> str:
+    # A binary attribute (B, or a member of BS: the handover a queued claim carries
+    # in ``lancetx_manifest``) as DynamoDB JSON writes it: base64 text.
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    raise TypeError(f"an item attribute of type {type(value).__name__} cannot be saved as JSON")

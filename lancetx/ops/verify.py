@@ -200,8 +200,13 @@ def _scan_once(
                 findings.append(
                     Finding(
                         "staged_entry",
-                        f"version {version} is committed but not finalized (its writer "
-                        "stopped before copying the manifest to its final name)",
+                        f"version {version} is committed but not finalized (its item "
+                        "still points at the staged manifest: its writer stopped "
+                        + (
+                            "after copying it to its final name, before pointing the item there)"
+                            if final is not None
+                            else "before copying it to its final name)"
+                        ),
                         table.command("repair"),
                         version,
                         entry.path,

@@ -13,8 +13,10 @@ import pytest
 from engine_helpers import EngineTable, delete_transaction, make_table
 
 from lancetx.commit.engine.builder import InvalidTransactionError
+from lancetx.commit.engine.committer import CommitOptions
 from lancetx.commit.engine.operations import (
     FRAG_REUSE_INDEX_NAME,
+    Append,
     Delete,
     Rewrite,
     RewriteGroup,
@@ -61,7 +63,6 @@ def test_strict_commit_that_learns_the_table_moved_by_losing_writes_no_file(
     """Issue 3: "a strict commit against a table that moved returns the mismatch
     error and writes nothing" -- also when the writer holds a stale parent and
     only learns of the move by losing the race (today a .txn file is left)."""
-    from lancetx.commit.engine.committer import CommitOptions
     from lancetx.commit.errors import ExpectedVersionMismatchError
 
     read = table.latest()
@@ -93,3 +94,15 @@ def test_rewrite_carrying_a_misnamed_fragment_reuse_index_is_refused(
     with pytest.raises(InvalidTransactionError, match="fragment reuse index is named"):
         table.commit(Transaction(read_version=latest.version, operation=operation))
     assert _everything(table) == before
+
+
+@pytest.mark.parametrize("read_version", [-5, True, 1.0])
+def test_a_transaction_read_at_no_version_is_refused_when_built(read_version: object) -> None:
+    with pytest.raises((ValueError, TypeError), match="read_version"):
+        Transaction(read_version=read_version, operation=Append(fragments=()))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", ["", 7])
+def test_an_empty_idempotency_key_is_refused_not_taken_for_none(key: object) -> None:
+    with pytest.raises(ValueError, match="idempotency_key"):
+        CommitOptions(idempotency_key=key)  # type: ignore[arg-type]

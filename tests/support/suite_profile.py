@@ -26,6 +26,16 @@ def is_long() -> bool:
     return profile() == "long"
 
 
+#: Set by ``.ci/run`` for its ``make test``: the long pass that follows runs every test
+#: marked ``long`` again at full size, so the quick run leaves them to it.
+LONG_PASS_FOLLOWS_VARIABLE = "LANCETX_LONG_PASS_FOLLOWS"
+
+
+def long_pass_follows() -> bool:
+    """True in a quick run whose long tests a long pass will run at full size."""
+    return not is_long() and os.environ.get(LONG_PASS_FOLLOWS_VARIABLE, "") not in ("", "0")
+
+
 def sized(variable: str, *, quick: int, long: int) -> int:
     """``$variable`` if set, else ``long`` in the long profile and ``quick`` otherwise."""
     given = os.environ.get(variable)

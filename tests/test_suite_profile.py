@@ -1,0 +1,45 @@
+"""The suite's profiles: which tests a quick run, CI's quick run and the long pass hold."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LONG_TEST = "tests/table/test_key_races.py"
+
+
+def _outcomes(**env: str) -> str:
+    """``pytest --setup-plan -rs`` on a file of ``long`` tests: nothing runs, skips and
+    their reasons are reported."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LANCETX_")}
+    environ.update(env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            LONG_TEST,
+            "--setup-plan",
+            "-rs",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.stdout + done.stderr
+
+
+def test_ci_quick_run_leaves_long_tests_to_the_long_pass() -> None:
+    assert "run at full size by the long pass" not in _outcomes()
+    assert "run at full size by the long pass" in _outcomes(LANCETX_LONG_PASS_FOLLOWS="1")
+    # The long pass itself runs them whatever the variable says.
+    long = _outcomes(LANCETX_LONG_PASS_FOLLOWS="1", LANCETX_TEST_PROFILE="long")
+    assert "run at full size by the long pass" not in long
