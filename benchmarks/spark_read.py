@@ -17,6 +17,15 @@ reaches the JVM as Spark's rows, nothing is written):
 
     .venv/bin/python benchmarks/spark_read.py                           # ~3 min on 2 cores
     .venv/bin/python benchmarks/spark_read.py --rows 2000000 --repeat 4 --json out.json
+    .venv/bin/python benchmarks/spark_read.py --arrow-unchecked   # Arrow Java's checks off
+
+Where a full scan's time goes (profiled for issue 23): Spark turns each row a Python
+data source yields into its own row format reading the Arrow batch value by value,
+through Arrow Java's accessors, which check bounds and validity on every read; for the
+128-d embedding that is 128 checked reads per row, and it is most of the gap to
+Parquet, whose reader fills Spark's own on-heap vectors. ``--arrow-unchecked`` starts
+the JVM with Arrow's switches for those checks (a session setting, not the data
+source's), to show what that hand-off costs.
 
 Prints a markdown table and the per-round ratios (the ones that count on a shared
 machine: both sides of a round ran back to back under about the same load), with
@@ -53,7 +62,14 @@ COLUMNS = 10
 PROJECTION = ("id", "score")
 
 
-def _session(memory: str, arrow_batch: int | None) -> Any:
+#: Arrow Java's own switches for its per-value accessors (bounds and null checks on every
+#: read of an Arrow buffer). Spark reads a Python data source's output through those
+#: accessors, one call per value (128 per row for the embedding); Parquet's reader does not
+#: use Arrow, so they change nothing on its side.
+ARROW_UNCHECKED = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
+
+
+def _session(memory: str, arrow_batch: int | None, java_options: str | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     builder = (
@@ -67,6 +83,9 @@ def _session(memory: str, arrow_batch: int | None) -> Any:
     )
     if arrow_batch is not None:
         builder = builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch))
+    if java_options:
+        # local mode: the driver JVM is the executor; read when pyspark launches it.
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -127,10 +146,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--arrow-batch", type=int, help="spark.sql.execution.arrow.maxRecordsPerBatch"
     )
     parser.add_argument("--batch-size", type=int, help="the lancetx read option batch_size")
+    parser.add_argument(
+        "--arrow-unchecked",
+        action="store_true",
+        help=f"start the JVM with Arrow's unchecked accessors ({ARROW_UNCHECKED})",
+    )
     parser.add_argument("--json", help="also write the raw timings here")
     args = parser.parse_args(argv)
 
-    spark = _session(args.memory, args.arrow_batch)
+    spark = _session(
+        args.memory, args.arrow_batch, ARROW_UNCHECKED if args.arrow_unchecked else None
+    )
     scratch = tempfile.mkdtemp(prefix="lancetx-read-bench-")
     parquet = os.path.join(scratch, "p.parquet")
     table = os.path.join(scratch, "t.lance")
@@ -187,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\n{args.rows:,} rows, {COLUMNS} columns (int64 x3, double x3, string x2, timestamp, "
         f"128-d float32 embedding), {args.repeat} paired rounds; partitions {partitions}; "
-        f"Python {platform.python_version()}; load average before {load_before}, "
+        f"Python {platform.python_version()}; "
+        f"JVM options {ARROW_UNCHECKED if args.arrow_unchecked else 'default'}; load average before {load_before}, "
         f"after {load_after}\n"
     )
     print("| reader | best s | median s | rows/s (median) |")
@@ -215,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "partitions": partitions,
                     "load_before": load_before,
                     "load_after": load_after,
+                    "arrow_unchecked": args.arrow_unchecked,
                     "times": results,
                 },
                 out,
