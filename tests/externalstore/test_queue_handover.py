@@ -568,23 +568,12 @@ def test_a_manifest_no_compression_could_fit_is_not_compressed(monkeypatch: Any)
 
 
 @dataclass
-class Solo:
+class Solo(Pair):
     """A table with one pylance version and two lancetx connections that do not queue."""
-
-    uri: str
-    options: dict[str, str]
-    first: TableConnection
-    second: TableConnection
-
-    def handler(self, conn: TableConnection) -> ExternalStoreCommitHandler:
-        assert isinstance(conn.handler, ExternalStoreCommitHandler)
-        return conn.handler
 
     @property
     def ddb(self) -> DynamoDBManifestStore:
-        entries = self.handler(self.first).entries
-        assert isinstance(entries, DynamoDBManifestStore)
-        return entries
+        return self.entries(self.first)
 
     def item(self, version: int) -> dict[str, Any]:
         found = self.ddb.client.get_item(
