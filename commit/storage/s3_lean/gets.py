@@ -120,7 +120,9 @@ class LeanGets:
     def __init__(self, client: Any, bucket: str) -> None:
         self._client = client
         self._learned = Learned(
-            lambda: _template(capture(client, lambda key: client.get_object(Bucket=bucket, Key=key)))
+            lambda: _template(
+                capture(client, lambda key: client.get_object(Bucket=bucket, Key=key))
+            )
         )
 
     def template(self) -> LeanTemplate | None:

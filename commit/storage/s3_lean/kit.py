@@ -116,7 +116,9 @@ def template_from_request(
         return None  # S3 Express, or a request signed by its Date: not reproduced
     dropped = PER_REQUEST | per_request
     kept = tuple(
-        (str(name), str(value)) for name, value in headers.items() if str(name).lower() not in dropped
+        (str(name), str(value))
+        for name, value in headers.items()
+        if str(name).lower() not in dropped
     )
     return LeanTemplate(url[: -len(quoted)], scope["region"], scope["service"], kept, method)
 

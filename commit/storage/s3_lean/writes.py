@@ -59,6 +59,8 @@ from lancetx.commit.storage.s3_lean.kit import (
     LeanTemplate,
     Learned,
     amz_now,
+    before_send,
+    before_send_async,
     capture,
     capture_async,
     close_response,
@@ -67,16 +69,15 @@ from lancetx.commit.storage.s3_lean.kit import (
     header,
     quoted_key,
     reproduces,
-    before_send,
-    before_send_async,
     sign,
-    transport,
     template_from_request,
+    transport,
 )
 
 __all__ = [
     "LEAN_PUT_LIMIT",
     "AsyncLeanWrites",
+    "Bodiless",
     "LeanWrites",
     "PutShape",
     "aws_chunked",
@@ -245,8 +246,9 @@ def _prepare(
     payload: str,
     body: bytes | None,
     frozen: Any,
+    amz_date: str | None,
 ) -> Any:
-    url, headers = sign(template, key, extra, payload, frozen, amz_now())
+    url, headers = sign(template, key, extra, payload, frozen, amz_date or amz_now())
     # botocore's own preparation (its Content-Length rule, its prepared request type):
     # ``before-send`` handlers and the HTTP session see what they see from botocore.
     # A body as botocore sends it: a stream, written after ``Expect: 100-continue``.
@@ -254,21 +256,26 @@ def _prepare(
     return AWSRequest(method=template.method, url=url, headers=headers, data=data).prepare()
 
 
-def prepare_put(shape: PutShape, key: str, data: bytes, frozen: Any) -> Any:
-    """The prepared ``PutObject`` of ``data`` to ``key``, as botocore prepares it."""
+def prepare_put(
+    shape: PutShape, key: str, data: bytes, frozen: Any, amz_date: str | None = None
+) -> Any:
+    """The prepared ``PutObject`` of ``data`` to ``key``, as botocore prepares it,
+    signed at ``amz_date`` (default: now)."""
     extra, payload, body = shape.headers(data)
-    return _prepare(shape.template, key, extra, payload, body, frozen)
+    return _prepare(shape.template, key, extra, payload, body, frozen, amz_date)
 
 
-def prepare_copy(copy: Bodiless, bucket: str, src: str, dst: str, frozen: Any) -> Any:
+def prepare_copy(
+    copy: Bodiless, bucket: str, src: str, dst: str, frozen: Any, amz_date: str | None = None
+) -> Any:
     """The prepared ``CopyObject`` of ``src`` to ``dst``, as botocore prepares it."""
     extra = {_COPY_SOURCE: quoted_key(f"{bucket}/{src}")}
-    return _prepare(copy.template, dst, extra, copy.payload, None, frozen)
+    return _prepare(copy.template, dst, extra, copy.payload, None, frozen, amz_date)
 
 
-def prepare_delete(delete: Bodiless, key: str, frozen: Any) -> Any:
+def prepare_delete(delete: Bodiless, key: str, frozen: Any, amz_date: str | None = None) -> Any:
     """The prepared ``DeleteObject`` of ``key``, as botocore prepares it."""
-    return _prepare(delete.template, key, {}, delete.payload, None, frozen)
+    return _prepare(delete.template, key, {}, delete.payload, None, frozen, amz_date)
 
 
 # --------------------------------------------------------------- accepted answers
@@ -332,7 +339,9 @@ class LeanWrites:
             captured = capture(
                 client,
                 lambda key: client.copy_object(
-                    Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key + _PROBE_SOURCE}
+                    Bucket=bucket,
+                    Key=key,
+                    CopySource={"Bucket": bucket, "Key": key + _PROBE_SOURCE},
                 ),
             )
             return _bodiless(captured, frozen(), "PUT", source)
@@ -344,6 +353,11 @@ class LeanWrites:
         self._put = Learned(learn_put)
         self._copy = Learned(learn_copy)
         self._delete = Learned(learn_delete)
+
+    def learned(self) -> tuple[PutShape | None, Bodiless | None, Bodiless | None]:
+        """What a lean ``PutObject``, ``CopyObject`` and ``DeleteObject`` send (learned
+        now if not yet); None: no lean writes of that kind."""
+        return self._put.get(), self._copy.get(), self._delete.get()
 
     def _exchange(
         self,
@@ -452,7 +466,9 @@ class AsyncLeanWrites:
         async def learn_copy() -> Bodiless | None:
             async def probe(key: str) -> Any:
                 return await client.copy_object(
-                    Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key + _PROBE_SOURCE}
+                    Bucket=bucket,
+                    Key=key,
+                    CopySource={"Bucket": bucket, "Key": key + _PROBE_SOURCE},
                 )
 
             captured = await capture_async(client, probe)
@@ -473,6 +489,10 @@ class AsyncLeanWrites:
     def client(self) -> Any:
         """The client it writes through."""
         return self._client
+
+    async def learned(self) -> tuple[PutShape | None, Bodiless | None, Bodiless | None]:
+        """See :meth:`LeanWrites.learned`."""
+        return await self._put.get(), await self._copy.get(), await self._delete.get()
 
     async def _exchange(
         self, learned: AsyncLearned[Any], operation: str, prepare: Callable[[Any], Any]
