@@ -43,6 +43,8 @@ from lancetx.commit.storage.secrets import is_secret_option, remember_secrets
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
+    from lancetx.commit.storage.s3_lean.writes import LeanWrites
+
 #: ``ObjectMeta.size`` of a copy whose response does not tell the size (S3
 #: CopyObject never does). Call ``head()`` if the size is needed.
 UNKNOWN_SIZE: Final = -1
@@ -821,7 +823,7 @@ class S3ObjectStore(ObjectStore):
             raise self._error(exc, "HeadObject", key) from exc
         return meta_from_head(key, response)
 
-    def _lean_writes(self) -> Any:
+    def _lean_writes(self) -> LeanWrites:
         # Imported by the first write (a commit), not by opening.
         from lancetx.commit.storage.s3_lean.writes import lean_writes
 
