@@ -28,6 +28,7 @@ import lance
 import pyarrow as pa
 import pytest
 from protocol_helpers import ddb_uri, ensure_ddb_table
+from s3_helpers import s3_config
 
 import lancetx
 from lancetx.commit.errors import ObjectNotFoundError, ObjectStoreError
@@ -42,9 +43,6 @@ from lancetx.commit.storage.s3_lean.writes import (
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.demo.embedded import (
-    DEFAULT_REGION,
-    FAKE_ACCESS_KEY,
-    FAKE_SECRET_KEY,
     EmbeddedAws,
     InterceptedRequest,
     InterceptedResponse,
@@ -58,15 +56,7 @@ S3_ERROR = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</C
 
 
 def config(endpoint: str, **overrides: Any) -> S3Config:
-    values: dict[str, Any] = {
-        "endpoint_url": endpoint,
-        "region": DEFAULT_REGION,
-        "access_key_id": FAKE_ACCESS_KEY,
-        "secret_access_key": FAKE_SECRET_KEY,
-        "max_attempts": 1,
-    }
-    values.update(overrides)
-    return S3Config(**values)
+    return s3_config(endpoint, **{"max_attempts": 1, **overrides})
 
 
 # ------------------------------------------------------------------ byte for byte
@@ -169,16 +159,6 @@ def test_each_lean_write_is_botocores_byte_for_byte(settings: dict[str, Any]) ->
 
 
 # -------------------------------------------------------------- against the server
-
-
-@pytest.fixture
-def seen(aws: EmbeddedAws) -> Iterator[list[InterceptedRequest]]:
-    requests: list[InterceptedRequest] = []
-    aws.set_interceptor(lambda request: requests.append(request) or None)
-    try:
-        yield requests
-    finally:
-        aws.set_interceptor(None)
 
 
 class Calls:

@@ -37,8 +37,6 @@ as it decodes).
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from typing import Any, Final, cast
 
 from botocore.awsrequest import AWSPreparedRequest, HeadersDict
@@ -57,6 +55,7 @@ from lancetx.commit.storage.s3_lean.kit import (
     header,
     send,
     send_async,
+    shared,
     sign,
     template_from_request,
 )
@@ -155,22 +154,10 @@ class LeanGets:
             close_response(response, read=read)
 
 
-_shared: weakref.WeakKeyDictionary[Any, dict[str, LeanGets]] = weakref.WeakKeyDictionary()
-_shared_lock = threading.Lock()
-
-
 def lean_gets(client: Any, bucket: str) -> LeanGets:
-    """The process's :class:`LeanGets` for ``client`` and ``bucket``: what it learned is
-    learned once however many stores (connections) share the client."""
-    with _shared_lock:
-        try:
-            per_bucket = _shared.setdefault(client, {})
-        except TypeError:  # a client that cannot be weakly referenced: not shared
-            return LeanGets(client, bucket)
-        found = per_bucket.get(bucket)
-        if found is None:
-            found = per_bucket[bucket] = LeanGets(client, bucket)
-        return found
+    """The process's :class:`LeanGets` for ``client`` and ``bucket`` (see
+    :func:`~lancetx.commit.storage.s3_lean.kit.shared`)."""
+    return shared(LeanGets, client, bucket)
 
 
 class AsyncLeanGets:

@@ -17,9 +17,10 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
 from botocore.hooks import first_non_none_response
@@ -428,3 +429,23 @@ class AsyncLearned(Generic[T]):
         self._refusals = refusals_after(self._refusals, status)
         if self._refusals >= RELEARN_AFTER:
             self._learned = False
+
+
+_shared: weakref.WeakKeyDictionary[Any, dict[tuple[type, str], Any]] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def shared(kind: Callable[[Any, str], T], client: Any, bucket: str) -> T:
+    """The process's ``kind(client, bucket)`` (a :class:`~.gets.LeanGets`, a
+    :class:`~.writes.LeanWrites`): what it learns is learned once however many stores
+    (connections) share the client."""
+    with _shared_lock:
+        try:
+            per_client = _shared.setdefault(client, {})
+        except TypeError:  # a client that cannot be weakly referenced: not shared
+            return kind(client, bucket)
+        wanted = (cast(type, kind), bucket)
+        found = per_client.get(wanted)
+        if found is None:
+            found = per_client[wanted] = kind(client, bucket)
+        return cast(T, found)

@@ -39,8 +39,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import threading
-import weakref
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -69,6 +67,7 @@ from lancetx.commit.storage.s3_lean.kit import (
     header,
     quoted_key,
     reproduces,
+    shared,
     sign,
     template_from_request,
     transport,
@@ -425,22 +424,10 @@ class LeanWrites:
         return answer is not None and bool(_deleted(answer[0]))
 
 
-_shared: weakref.WeakKeyDictionary[Any, dict[str, LeanWrites]] = weakref.WeakKeyDictionary()
-_shared_lock = threading.Lock()
-
-
 def lean_writes(client: Any, bucket: str) -> LeanWrites:
-    """The process's :class:`LeanWrites` for ``client`` and ``bucket`` (learned once
-    however many stores share the client)."""
-    with _shared_lock:
-        try:
-            per_bucket = _shared.setdefault(client, {})
-        except TypeError:  # a client that cannot be weakly referenced: not shared
-            return LeanWrites(client, bucket)
-        found = per_bucket.get(bucket)
-        if found is None:
-            found = per_bucket[bucket] = LeanWrites(client, bucket)
-        return found
+    """The process's :class:`LeanWrites` for ``client`` and ``bucket`` (see
+    :func:`~lancetx.commit.storage.s3_lean.kit.shared`)."""
+    return shared(LeanWrites, client, bucket)
 
 
 class AsyncLeanWrites:
