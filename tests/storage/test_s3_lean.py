@@ -1,4 +1,4 @@
-"""Lean GETs (``commit/storage/s3_lean.py``): what botocore would send, at a fraction
+"""Lean GETs (``commit/storage/s3_lean/gets.py``): what botocore would send, at a fraction
 of its CPU, and never an answer of their own on anything but a plain success.
 
 * the signature is botocore's, byte for byte, for the keys, regions, session tokens
