@@ -58,9 +58,17 @@ def _attempts_per_partition(uri: str, storage: dict[str, str], ids: range) -> di
     return out
 
 
-def _collect_orphans(uri: str, storage: dict[str, str]) -> int:
-    """``gc`` with its threshold forced past every file's age: deletes what no version
-    references; returns how many data files it deleted."""
+def _collect_orphans(uri: str, storage: dict[str, str]) -> set[str]:
+    """``gc`` with its threshold forced past every file's age; the names of the data
+    files it deleted.
+
+    Asserts what must hold however late a killed attempt's Python worker finishes its
+    upload (Spark counts a killed task as ended before its worker has stopped, so a
+    losing attempt's file may appear after the job, even after ``gc``): every file no
+    version referenced before ``gc`` ran is deleted, nothing a version references is,
+    and a file left unreferenced after it was not there when it started."""
+    listed = data_files(uri, storage)
+    unreferenced = listed - referenced_files(uri, storage)
     report = collect_garbage(
         open_table(uri, storage),
         older_than=timedelta(0),
@@ -69,7 +77,14 @@ def _collect_orphans(uri: str, storage: dict[str, str]) -> int:
         now=datetime.now(UTC) + timedelta(days=1),
     )
     assert report.ok, report.errors
-    return sum(1 for c in report.candidates if c.kind == "data_file")
+    deleted = {c.key.rsplit("/", 1)[-1] for c in report.candidates if c.kind == "data_file"}
+    assert unreferenced <= deleted, unreferenced - deleted
+    referenced = referenced_files(uri, storage)
+    assert not deleted & referenced, deleted & referenced
+    after = data_files(uri, storage)
+    assert referenced <= after, referenced - after
+    assert not (after - referenced) & listed
+    return deleted
 
 
 def _write(cluster: Any, **args: Any) -> None:
@@ -111,7 +126,6 @@ def test_append_overwrite_job_id_and_read_on_the_cluster(
     # Speculation is on for every job here: a task that merely ran slow may have been
     # copied, and the losing copy's files are collected.
     _collect_orphans(ddb_uri, storage)
-    assert data_files(ddb_uri, storage) == referenced_files(ddb_uri, storage)
 
 
 @pytest.mark.long
@@ -167,7 +181,6 @@ def test_a_speculative_copy_commits_exactly_one_attempt_per_partition(
 
     # The losing attempts' files: no version references them; gc collects them.
     _collect_orphans(ddb_uri, storage)
-    assert data_files(ddb_uri, storage) == referenced_files(ddb_uri, storage)
     assert lance.dataset(ddb_uri, storage_options=storage).count_rows() == len(expected)
 
 
@@ -201,8 +214,7 @@ def test_a_python_worker_killed_after_writing_leaves_files_only_gc_collects(
     assert orphans, "the killed attempt wrote files before it died"
     assert not orphans & before  # the base version's files are still referenced
     assert before <= referenced_files(ddb_uri, storage)
-    assert _collect_orphans(ddb_uri, storage) == len(orphans)
-    assert data_files(ddb_uri, storage) == referenced_files(ddb_uri, storage)
+    assert orphans <= _collect_orphans(ddb_uri, storage)
     assert lance.dataset(ddb_uri, storage_options=storage).count_rows() == 2 * ROWS
 
 
@@ -235,5 +247,4 @@ def test_an_executor_killed_mid_job_the_retry_commits_once(
     assert all(len(a) == 1 for a in attempts.values()), attempts
     assert executors - set(cluster.cluster.executor_pids()), "an executor JVM was killed"
     _collect_orphans(ddb_uri, storage)
-    assert data_files(ddb_uri, storage) == referenced_files(ddb_uri, storage)
     assert lance.dataset(ddb_uri, storage_options=storage).count_rows() == 2 * ROWS
