@@ -481,3 +481,27 @@ def test_a_plain_boto3_client_writes_lean_too(aws: EmbeddedAws, bucket: str) -> 
     store.delete("t/x")
     assert found.sent == ["PutObject", "CopyObject", "DeleteObject"] and found.called == []
     assert store.get("t/y") == b"data"
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError])
+def test_a_before_send_handler_that_raises_stops_the_write_once(
+    store: S3ObjectStore, calls: Calls, seen: list[InterceptedRequest], raised: type[BaseException]
+) -> None:
+    """A guard or an injected fault in a ``before-send`` handler (an interrupt too) leaves
+    the write as it would leave botocore's call: raised once, nothing sent, no second try."""
+
+    refused: list[str] = []
+
+    def refuse(event_name: str, **_: Any) -> None:
+        refused.append(event_name)
+        raise raised("refused")
+
+    store.client.meta.events.register("before-send.s3.PutObject", refuse, unique_id="test-refuse")
+    try:
+        with pytest.raises(raised, match="refused"):
+            store.put(KEYS[0], b"bytes")
+    finally:
+        store.client.meta.events.unregister("before-send.s3.PutObject", unique_id="test-refuse")
+    assert refused == ["before-send.s3.PutObject"]  # the lean request's, once
+    assert calls.called == []  # botocore's call was not made
+    assert [r for r in seen if r.method == "PUT"] == []
