@@ -67,7 +67,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: pytest-xdist's group for every test that uses the shared local Spark session: one
+#: worker runs them all, so a run (``make test`` runs two workers) starts one session.
+SPARK_GROUP = "spark"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
     if not suite_profile.is_long():
         later = pytest.mark.skip(reason="long profile only: LANCETX_TEST_PROFILE=long (.ci/run)")
         for item in items:
