@@ -67,7 +67,7 @@ typecheck: $(STAMP)
 # tests/conftest.py). PYTEST_WORKERS=0 runs it in this process.
 PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope) $(PYTEST_ARGS)
 
 ## The integration tests against LocalStack S3 + dynalite (Python >= 3.12 and npm; localstack/README.md).
 .PHONY: test-localstack

@@ -20,6 +20,7 @@ import boto3
 import external_backend
 import pytest
 import suite_profile
+import worker_scopes
 from hypothesis import settings
 
 from lancetx.commit.storage.aws_clients import clear_client_cache
@@ -67,15 +68,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: pytest-xdist's group for every test that uses the shared local Spark session: one
-#: worker runs them all, so a run (``make test`` runs two workers) starts one session.
-SPARK_GROUP = "spark"
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (``make test`` runs two workers): every Spark test on one
+    worker, so the run starts one Spark session (``tests/support/worker_scopes.py``)."""
+    if config.getoption("dist") == "each":
+        return None
+    return worker_scopes.make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
     if not suite_profile.is_long():
         later = pytest.mark.skip(reason="long profile only: LANCETX_TEST_PROFILE=long (.ci/run)")
         for item in items:
