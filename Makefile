@@ -62,8 +62,12 @@ typecheck: $(STAMP)
 	if [ -d pyspark_lancetx ]; then ln -s ../../pyspark_lancetx build/typecheck/pyspark_lancetx; fi
 	cd build/typecheck && ../../$(BIN)/mypy -p lancetx $$([ -d pyspark_lancetx ] && echo -p pyspark_lancetx)
 
+# Two workers: the suite mostly waits (servers, subprocesses, Spark), so a second one
+# fills the idle time; every Spark test goes to one worker (one Spark session per run,
+# tests/conftest.py). PYTEST_WORKERS=0 runs it in this process.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope) $(PYTEST_ARGS)
 
 ## The integration tests against LocalStack S3 + dynalite (Python >= 3.12 and npm; localstack/README.md).
 .PHONY: test-localstack

@@ -51,6 +51,9 @@ class InterceptedRequest:
     target: str = ""
     #: The client's TCP port on 127.0.0.1 (0 if unknown): tells which process sent it.
     client_port: int = 0
+    #: The server's own port: with ``client_port``, the connection (another connection
+    #: may use the same client port towards another server).
+    server_port: int = 0
 
 
 @dataclass
@@ -112,6 +115,7 @@ class _LockedApp:
                 body=body,
                 target=target.split(".", 1)[-1] if target else "",
                 client_port=int(environ.get("REMOTE_PORT") or 0),
+                server_port=int(environ.get("SERVER_PORT") or 0),
             )
             pending = interceptor(request)
             if pending is not None and not pending.after_forwarding:

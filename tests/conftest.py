@@ -20,6 +20,7 @@ import boto3
 import external_backend
 import pytest
 import suite_profile
+import worker_scopes
 from hypothesis import settings
 
 from lancetx.commit.storage.aws_clients import clear_client_cache
@@ -65,6 +66,15 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
 # own here makes children start with the default again (exec resets handlers).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist (``make test`` runs two workers): every Spark test on one
+    worker, so the run starts one Spark session (``tests/support/worker_scopes.py``)."""
+    if config.getoption("dist") == "each":
+        return None
+    return worker_scopes.make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -37,16 +37,17 @@ INTERRUPT_AT = 3
 
 
 class InterruptAtDelete:
-    """The server's interceptor: the ``nth`` S3 DELETE under ``prefix`` goes through,
-    then its sender gets ``signum``; every later one is refused (AccessDenied), so what
-    was deleted does not depend on how soon the command sees the signal. Every DELETE
-    under ``prefix`` is counted."""
+    """The server's interceptor: the ``nth`` S3 DELETE under ``bucket/prefix`` goes
+    through, then its sender gets ``signum``; every later one is refused (AccessDenied),
+    so what was deleted does not depend on how soon the command sees the signal. Every
+    DELETE under ``bucket/prefix`` is counted, and those let through are recorded."""
 
-    def __init__(self, prefix: str, nth: int, signum: int) -> None:
-        self.prefix = prefix
+    def __init__(self, bucket: str, prefix: str, nth: int, signum: int) -> None:
+        self.path = f"/{bucket}/{prefix}"
         self.nth = nth
         self.signum = signum
         self.deletes: list[str] = []
+        self.through: list[str] = []
         self.after: list[str] = []
         self.fired = threading.Event()
         self._lock = threading.Lock()
@@ -54,7 +55,7 @@ class InterruptAtDelete:
     def __call__(self, request: InterceptedRequest) -> InterceptedResponse | None:
         if request.service != "s3" or request.method != "DELETE":
             return None
-        if not request.path.lstrip("/").partition("/")[2].startswith(self.prefix):
+        if not request.path.startswith(self.path):
             return None
         with self._lock:
             self.deletes.append(request.path)
@@ -66,17 +67,17 @@ class InterruptAtDelete:
                     b"</Message></Error>",
                     [("Content-Type", "application/xml")],
                 )
-            if len(self.deletes) < self.nth:
-                return None
-            pid = pid_of_client(request.client_port)
-            assert pid is not None and pid != os.getpid()
-            os.kill(pid, self.signum)
-            self.fired.set()
+            if len(self.deletes) >= self.nth:
+                pid = pid_of_client(request.client_port, request.server_port)
+                assert pid is not None and pid != os.getpid(), (pid, request)
+                os.kill(pid, self.signum)
+                self.fired.set()
+            self.through.append(request.path)
         return None
 
     def deleted(self) -> set[str]:
         """Bucket-relative keys the server deleted (the first ``nth``)."""
-        return {p.lstrip("/").partition("/")[2] for p in self.deletes[: self.nth]}
+        return {p.lstrip("/").partition("/")[2] for p in self.through}
 
 
 def cli(aws: EmbeddedAws, *args: str) -> subprocess.Popen[str]:
@@ -139,7 +140,7 @@ def test_gc_delete_interrupted_stops_and_the_next_run_finishes(
     table = make_table(aws, bucket, ddb_table_name, versions=3)
     before = read_versions(table.uri, table.options)
     garbage = plant_garbage(table, 3 * PARALLELISM)
-    fault = InterruptAtDelete(f"{table.path}/data/", INTERRUPT_AT, signum)
+    fault = InterruptAtDelete(table.bucket, f"{table.path}/data/", INTERRUPT_AT, signum)
     aws.set_interceptor(fault)
     try:
         process = cli(aws, "gc", table.uri, "--older-than", "1h", "--delete")
@@ -175,7 +176,7 @@ def test_cleanup_interrupted_leaves_a_readable_table_and_the_next_run_finishes(
     """Interrupted while deleting manifests (oldest first), or files."""
     table = overwritten_table(aws, bucket, ddb_table_name, versions=8)
     latest = read_versions(table.uri, table.options, [8])
-    fault = InterruptAtDelete(f"{table.path}/{folder}", INTERRUPT_AT, signum)
+    fault = InterruptAtDelete(table.bucket, f"{table.path}/{folder}", INTERRUPT_AT, signum)
     aws.set_interceptor(fault)
     try:
         process = cli(aws, "cleanup", table.uri, "--keep-versions", "2")

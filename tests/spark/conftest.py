@@ -12,6 +12,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -26,9 +27,33 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 
 
+def _claim_the_run_s_session(config: pytest.Config, run_dir: Path) -> None:
+    """Under pytest-xdist, fail if another worker of this run started a Spark session:
+    every Spark test is scheduled onto one worker (``tests/support/worker_scopes.py``), and a
+    second session would double the run's memory and CPU on a small machine."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return  # one process: one session
+    # The workers' temporary directories share one parent per run (pytest keeps the
+    # last few runs' and removes older ones).
+    marker = run_dir / "spark-session"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        owner = marker.read_text()
+        pytest.fail(
+            f"worker {worker['workerid']} is starting a second Spark session in this run "
+            f"(worker {owner} has one): every test under tests/spark/ belongs on one "
+            "worker (tests/support/worker_scopes.py)"
+        )
+    with os.fdopen(fd, "w") as out:
+        out.write(worker["workerid"])
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session shared by every Spark test."""
+    _claim_the_run_s_session(pytestconfig, tmp_path_factory.getbasetemp().parent)
     session = build_session()
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -72,14 +72,20 @@ def ddb_error(status: int, code: str) -> InterceptedResponse:
 # ---------------------------------------------------------------- who sent it
 
 
-def _socket_inode(port: int) -> str | None:
-    """The inode of the TCP socket bound locally to 127.0.0.1:``port``."""
+def _socket_inode(client_port: int, server_port: int) -> str | None:
+    """The inode of the TCP socket from 127.0.0.1:``client_port`` to ``server_port``.
+
+    Both ends: Linux gives one local port to several connections whose other ends
+    differ, so two test processes (pytest-xdist's workers, each with its own server)
+    may each hold a connection from the same client port."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as lines:
             next(lines)
             for line in lines:
                 fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
+                local = int(fields[1].rsplit(":", 1)[1], 16)
+                remote = int(fields[2].rsplit(":", 1)[1], 16)
+                if local == client_port and remote == server_port and fields[9] != "0":
                     return fields[9]
     return None
 
@@ -93,9 +99,10 @@ def _holds(pid: int, needle: str) -> bool:
     return False
 
 
-def pid_of_client(port: int) -> int | None:
-    """The process holding the client end of a connection from ``port`` (Linux)."""
-    inode = _socket_inode(port)
+def pid_of_client(client_port: int, server_port: int) -> int | None:
+    """The process holding the client end of the connection from ``client_port`` to
+    the server on ``server_port`` (Linux)."""
+    inode = _socket_inode(client_port, server_port)
     if inode is None:
         return None
     needle = f"socket:[{inode}]"
@@ -153,7 +160,7 @@ class AtTheClaim:
                 return None
         response = ddb_error(500, "InternalServerError")
         response.after_forwarding = True  # the claim lands
-        port = request.client_port
+        port = (request.client_port, request.server_port)
         if self.effect == "unknown":
             self.dark = True
             self.fired.set()
@@ -163,15 +170,15 @@ class AtTheClaim:
             response.then = lambda: self._kill(port)
         return response
 
-    def _interrupt(self, port: int) -> None:
-        pid = pid_of_client(port)
+    def _interrupt(self, port: tuple[int, int]) -> None:
+        pid = pid_of_client(*port)
         self.victim_pid = pid
         assert pid is not None, f"no process holds the client port {port}"
         if pid == os.getpid():
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
             reacted = self.interrupted.wait(REACTION_TIMEOUT)
         else:
-            inode = _socket_inode(port)
+            inode = _socket_inode(*port)
             assert inode is not None, f"the connection from port {port} is gone"
             os.kill(pid, signal.SIGINT)
             # It reacted once it dropped the connection (or died).
@@ -184,8 +191,8 @@ class AtTheClaim:
         self.reacted = reacted
         self.fired.set()
 
-    def _kill(self, port: int) -> None:
-        pid = pid_of_client(port)
+    def _kill(self, port: tuple[int, int]) -> None:
+        pid = pid_of_client(*port)
         self.victim_pid = pid
         if pid is not None and pid != os.getpid():
             with contextlib.suppress(ProcessLookupError):
