@@ -255,9 +255,18 @@ def new_objects(base: str, txn: Transaction, parent: Parent | None) -> set[str]:
     mine = objects_of(base, txn)
     if parent is None or not mine:
         return mine
+    # Only the parent's fragments that can share a key with ours are named (a commit
+    # on a table of thousands of fragments names a handful): a data file's key is its
+    # path's, a deletion file's names its fragment's id.
+    ids: set[int] = set()
+    paths: set[str] = set()
+    for fragment in _transaction_fragments(txn):
+        ids.add(fragment.id)
+        paths.update(f.path for f in fragment.files)
     existing: set[str] = set()
     for fragment in parent.manifest.manifest.fragments:
-        existing |= _fragment_objects(base, fragment)
+        if fragment.id in ids or any(f.path in paths for f in fragment.files):
+            existing |= _fragment_objects(base, fragment)
     return mine - existing
 
 

@@ -43,6 +43,8 @@ from lancetx.commit.storage.secrets import is_secret_option, remember_secrets
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
+    from lancetx.commit.storage.s3_lean.writes import LeanWrites
+
 #: ``ObjectMeta.size`` of a copy whose response does not tell the size (S3
 #: CopyObject never does). Call ``head()`` if the size is needed.
 UNKNOWN_SIZE: Final = -1
@@ -809,7 +811,7 @@ class S3ObjectStore(ObjectStore):
         pipeline, at a fraction of its CPU; None on anything but a plain success."""
         check_key(key)
         # Imported by the first lean read (catching up on a history), not by opening.
-        from lancetx.commit.storage.s3_lean import lean_gets
+        from lancetx.commit.storage.s3_lean.gets import lean_gets
 
         return lean_gets(self._client, self.bucket).get_tail(key, length)
 
@@ -821,9 +823,20 @@ class S3ObjectStore(ObjectStore):
             raise self._error(exc, "HeadObject", key) from exc
         return meta_from_head(key, response)
 
+    def _lean_writes(self) -> LeanWrites:
+        # Imported by the first write (a commit), not by opening.
+        from lancetx.commit.storage.s3_lean.writes import lean_writes
+
+        return lean_writes(self._client, self.bucket)
+
     def put(self, key: str, data: bytes) -> ObjectMeta:
+        """``PutObject``: a lean write first (:mod:`.s3_lean.writes`), botocore's the
+        definitive one on anything but its plain success."""
         check_key(key)
         try:
+            lean = self._lean_writes().put(key, data)
+            if lean is not None:
+                return lean
             response = self._client.put_object(Bucket=self.bucket, Key=key, Body=data)
         except Exception as exc:
             raise self._error(exc, "PutObject", key) from exc
@@ -859,12 +872,15 @@ class S3ObjectStore(ObjectStore):
         return ObjectMeta(key=key, size=len(data), etag=response.get("ETag"))
 
     def copy(self, src: str, dst: str) -> ObjectMeta:
-        """Server-side ``CopyObject`` without conditions. The size of the result
-        is :data:`UNKNOWN_SIZE` (CopyObject does not report it); S3 copies
-        objects up to 5 GB this way."""
+        """Server-side ``CopyObject`` without conditions (a lean write first, as
+        :meth:`put`). The size of the result is :data:`UNKNOWN_SIZE` (CopyObject does
+        not report it); S3 copies objects up to 5 GB this way."""
         check_key(src)
         check_key(dst)
         try:
+            lean = self._lean_writes().copy(src, dst)
+            if lean is not None:
+                return lean
             response = self._client.copy_object(
                 Bucket=self.bucket, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}
             )
@@ -873,8 +889,11 @@ class S3ObjectStore(ObjectStore):
         return meta_from_copy(dst, response)
 
     def delete(self, key: str) -> None:
+        """``DeleteObject`` (a lean write first, as :meth:`put`)."""
         check_key(key)
         try:
+            if self._lean_writes().delete(key):
+                return
             self._client.delete_object(Bucket=self.bucket, Key=key)
         except Exception as exc:
             mapped = self._error(exc, "DeleteObject", key)

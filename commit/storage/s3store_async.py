@@ -25,7 +25,8 @@ except ImportError as exc:  # the sync API never imports this module
 
 from lancetx.commit.storage.limits import ReadLimits
 from lancetx.commit.storage.objectstore import ObjectMeta, StoreCapabilities
-from lancetx.commit.storage.s3_lean import AsyncLeanGets
+from lancetx.commit.storage.s3_lean.gets import AsyncLeanGets
+from lancetx.commit.storage.s3_lean.writes import AsyncLeanWrites
 from lancetx.commit.storage.s3store import (
     DEFAULT_PAGE_SIZE,
     STREAM_CHUNK,
@@ -162,6 +163,7 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         self._open_lock = asyncio.Lock()
         self._closed = False
         self._lean: AsyncLeanGets | None = None
+        self._lean_writes: AsyncLeanWrites | None = None
 
     def __repr__(self) -> str:
         return f"AsyncS3ObjectStore({self.bucket!r}, legacy={self.legacy})"
@@ -295,6 +297,13 @@ class AsyncS3ObjectStore(AsyncObjectStore):
             lean = self._lean = AsyncLeanGets(client, self.bucket)
         return await lean.get_tail(key, length)
 
+    async def _writes(self) -> AsyncLeanWrites:
+        client = await self.client()
+        lean = self._lean_writes
+        if lean is None or lean.client is not client:
+            lean = self._lean_writes = AsyncLeanWrites(client, self.bucket)
+        return lean
+
     async def head(self, key: str) -> ObjectMeta:
         """See :meth:`AsyncObjectStore.head`."""
         check_key(key)
@@ -306,10 +315,15 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         return meta_from_head(key, response)
 
     async def put(self, key: str, data: bytes) -> ObjectMeta:
-        """See :meth:`AsyncObjectStore.put`."""
+        """See :meth:`AsyncObjectStore.put` (a lean write first, as
+        :meth:`S3ObjectStore.put <lancetx.commit.storage.s3store.S3ObjectStore.put>`)."""
         check_key(key)
+        lean = await self._writes()
         client = await self.client()
         try:
+            written = await lean.put(key, data)
+            if written is not None:
+                return written
             response = await client.put_object(Bucket=self.bucket, Key=key, Body=data)
         except Exception as exc:
             raise self._error(exc, "PutObject", key) from exc
@@ -341,8 +355,12 @@ class AsyncS3ObjectStore(AsyncObjectStore):
         """See :meth:`AsyncObjectStore.copy`."""
         check_key(src)
         check_key(dst)
+        lean = await self._writes()
         client = await self.client()
         try:
+            copied = await lean.copy(src, dst)
+            if copied is not None:
+                return copied
             response = await client.copy_object(
                 Bucket=self.bucket, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}
             )
@@ -353,8 +371,11 @@ class AsyncS3ObjectStore(AsyncObjectStore):
     async def delete(self, key: str) -> None:
         """See :meth:`AsyncObjectStore.delete`."""
         check_key(key)
+        lean = await self._writes()
         client = await self.client()
         try:
+            if await lean.delete(key):
+                return
             await client.delete_object(Bucket=self.bucket, Key=key)
         except Exception as exc:
             mapped = self._error(exc, "DeleteObject", key)

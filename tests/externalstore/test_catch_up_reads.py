@@ -3,7 +3,7 @@ lean GET, and trusts it no more than any other read.
 
 pylance's items carry no summary of their transaction, so a lancetx commit planned
 K versions back must read the K manifests. Each is read once, in parallel, by a lean
-GET (``commit/storage/s3_lean.py``): botocore's per-request pipeline (endpoint rules,
+GET (``commit/storage/s3_lean/gets.py``): botocore's per-request pipeline (endpoint rules,
 events, response parsing) runs for none of them, only its signer's credentials and
 its HTTP session are used. Every check of the ordinary read still applies (the
 hostile-item cases of ``test_hostile_items.py`` run through a catch-up there), and

@@ -1,4 +1,4 @@
-"""Lean GETs (``commit/storage/s3_lean.py``): what botocore would send, at a fraction
+"""Lean GETs (``commit/storage/s3_lean/gets.py``): what botocore would send, at a fraction
 of its CPU, and never an answer of their own on anything but a plain success.
 
 * the signature is botocore's, byte for byte, for the keys, regions, session tokens
@@ -24,15 +24,13 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.config import Config
 from botocore.credentials import ReadOnlyCredentials
+from s3_helpers import s3_config
 
 from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.storage.s3_lean import LeanGets, LeanTemplate, quoted_key, sign_get
 from lancetx.commit.storage.s3store import S3Config, S3ObjectStore
 from lancetx.commit.storage.s3store_async import AsyncS3ObjectStore
 from lancetx.demo.embedded import (
-    DEFAULT_REGION,
-    FAKE_ACCESS_KEY,
-    FAKE_SECRET_KEY,
     EmbeddedAws,
     InterceptedRequest,
     InterceptedResponse,
@@ -49,26 +47,7 @@ BODY = bytes(range(256)) * 40  # 10,240 bytes
 
 
 def config(endpoint: str, **overrides: Any) -> S3Config:
-    values: dict[str, Any] = {
-        "endpoint_url": endpoint,
-        "region": DEFAULT_REGION,
-        "access_key_id": FAKE_ACCESS_KEY,
-        "secret_access_key": FAKE_SECRET_KEY,
-        "max_attempts": 2,
-    }
-    values.update(overrides)
-    return S3Config(**values)
-
-
-@pytest.fixture
-def seen(aws: EmbeddedAws) -> Iterator[list[InterceptedRequest]]:
-    """Every request the server receives during the test."""
-    requests: list[InterceptedRequest] = []
-    aws.set_interceptor(lambda request: requests.append(request) or None)
-    try:
-        yield requests
-    finally:
-        aws.set_interceptor(None)
+    return s3_config(endpoint, **{"max_attempts": 2, **overrides})
 
 
 @pytest.fixture

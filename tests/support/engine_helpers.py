@@ -253,8 +253,10 @@ class LosingHandler(CommitHandler):
 
 @dataclass
 class S3RequestLog:
-    """S3 operations (``PutObject``, ``ListObjectsV2``, ...) made through one
-    boto3 client, recorded by a ``before-call.s3`` event hook."""
+    """S3 requests (``PutObject``, ``ListObjectsV2``, ...) sent through one boto3
+    client, recorded by a ``before-send.s3`` event hook: every request on the wire,
+    the lean ones (:mod:`lancetx.commit.storage.s3_lean`) included, never a lean
+    request's probe (learned, never sent)."""
 
     operations: list[str] = field(default_factory=list)
 
@@ -267,14 +269,14 @@ class S3RequestLog:
 
 @contextmanager
 def s3_requests(client: Any) -> Iterator[S3RequestLog]:
-    """Record the S3 operations ``client`` makes inside the block."""
+    """Record the S3 requests ``client`` sends inside the block."""
     log = S3RequestLog()
     unique = f"lancetx-test-{id(log)}"
-    client.meta.events.register("before-call.s3", log, unique_id=unique)
+    client.meta.events.register("before-send.s3", log, unique_id=unique)
     try:
         yield log
     finally:
-        client.meta.events.unregister("before-call.s3", unique_id=unique)
+        client.meta.events.unregister("before-send.s3", unique_id=unique)
 
 
 def append_worker(
