@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from s3_helpers import s3_config as embedded_s3_config
 
 from lancetx.commit.errors import (
     ObjectExistsError,
@@ -47,15 +48,8 @@ SLOW_DOWN = (
 
 
 def s3_config(endpoint: str, **overrides: Any) -> S3Config:
-    values: dict[str, Any] = {
-        "endpoint_url": endpoint,
-        "region": DEFAULT_REGION,
-        "access_key_id": FAKE_ACCESS_KEY,
-        "secret_access_key": FAKE_SECRET_KEY,
-        "max_attempts": 2,
-    }
-    values.update(overrides)
-    return S3Config(**values)
+    """The embedded server's configuration, retrying little (these tests count attempts)."""
+    return embedded_s3_config(endpoint, **{"max_attempts": 2, **overrides})
 
 
 @pytest.fixture

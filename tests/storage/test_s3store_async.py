@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from s3_helpers import s3_config as embedded_s3_config
 
 from lancetx.commit.errors import (
     ObjectExistsError,
@@ -19,9 +20,6 @@ from lancetx.commit.errors import (
 from lancetx.commit.storage.s3store import UNKNOWN_SIZE, S3Config
 from lancetx.commit.storage.s3store_async import AsyncObjectStore, AsyncS3ObjectStore
 from lancetx.demo.embedded import (
-    DEFAULT_REGION,
-    FAKE_ACCESS_KEY,
-    FAKE_SECRET_KEY,
     EmbeddedAws,
     InterceptedRequest,
     InterceptedResponse,
@@ -34,16 +32,10 @@ UNAVAILABLE = b"<Error><Code>ServiceUnavailable</Code><Message>Slow down</Messag
 
 
 def s3_config(endpoint: str, **overrides: Any) -> S3Config:
-    values: dict[str, Any] = {
-        "endpoint_url": endpoint,
-        "region": DEFAULT_REGION,
-        "access_key_id": FAKE_ACCESS_KEY,
-        "secret_access_key": FAKE_SECRET_KEY,
-        "max_attempts": 2,
-        "max_pool_connections": 32,
-    }
-    values.update(overrides)
-    return S3Config(**values)
+    """The embedded server's configuration, retrying little (these tests count attempts)."""
+    return embedded_s3_config(
+        endpoint, **{"max_attempts": 2, "max_pool_connections": 32, **overrides}
+    )
 
 
 def run(store: AsyncS3ObjectStore, body: Callable[[AsyncS3ObjectStore], Awaitable[T]]) -> T:
