@@ -11,29 +11,25 @@ ROOT = Path(__file__).resolve().parent.parent
 LONG_TEST = "tests/table/test_key_races.py"
 
 
-def _outcomes(**env: str) -> str:
-    """``pytest --setup-plan -rs`` on a file of ``long`` tests: nothing runs, skips and
-    their reasons are reported."""
+def _pytest(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """pytest in a child process at the repository's root, without this run's
+    ``LANCETX_*`` settings (``env`` adds some)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("LANCETX_")}
     environ.update(env)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            LONG_TEST,
-            "--setup-plan",
-            "-rs",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"],
         cwd=ROOT,
         env=environ,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def _outcomes(**env: str) -> str:
+    """``pytest --setup-plan -rs`` on a file of ``long`` tests: nothing runs, skips and
+    their reasons are reported."""
+    done = _pytest(LONG_TEST, "--setup-plan", "-rs", "-q", **env)
     return done.stdout + done.stderr
 
 
@@ -49,28 +45,15 @@ def test_every_spark_test_runs_on_one_xdist_worker() -> None:
     # make test runs two workers: the tests under tests/spark/ must all go to one, or a
     # second worker starts a second Spark session. These Spark-side tests need no
     # session (nothing starts); the others are quick ones from elsewhere.
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("LANCETX_")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/spark/test_read_planning.py",
-            "tests/spark/test_write_conversion.py",
-            "tests/test_protos.py",
-            "-n",
-            "2",
-            "--dist",
-            "load",  # test by test, where nothing else keeps a module together
-            "-v",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _pytest(
+        "tests/spark/test_read_planning.py",
+        "tests/spark/test_write_conversion.py",
+        "tests/test_protos.py",
+        "-n",
+        "2",
+        "--dist",
+        "load",  # test by test, where nothing else keeps a module together
+        "-v",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = [line.split() for line in done.stdout.splitlines() if line.startswith("[gw")]
