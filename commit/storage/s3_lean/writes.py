@@ -70,6 +70,7 @@ from lancetx.commit.storage.s3_lean.kit import (
     shared,
     sign,
     template_from_request,
+    transmit,
     transport,
 )
 
@@ -377,7 +378,7 @@ class LeanWrites:
         except HTTPClientError:
             return None
         try:
-            response = answered if answered is not None else transport(self._client).send(prepared)
+            response = answered if answered is not None else transmit(self._client, prepared)
         except Exception:
             return None  # the ordinary call sends it again, as botocore would retry
         read = False
