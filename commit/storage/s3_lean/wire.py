@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -262,14 +261,20 @@ def exchange(session: Any, prepared: Any) -> WireResponse | None:
     plain, body = _plain_body(prepared)
     if not plain or "transfer-encoding" in lowered:
         return None
-    expect = str(headers.get("Expect") or "").strip().lower() == "100-continue"
+    # botocore's connection waits for ``100 Continue`` only when the header holds these
+    # bytes (botocore's own requests: it encodes every header); a lean request's str
+    # header is written without waiting, as the session writes it.
+    expect = headers.get("Expect", b"") == b"100-continue"
     try:
         pool = _pool(session, prepared.url)
     except Exception:
         return None
     if pool is None:
         return None
-    head = _request_head(method, prepared.url, headers, body)
+    try:
+        head = _request_head(method, prepared.url, headers, body)
+    except (UnicodeError, ValueError) as exc:
+        raise WireError(f"the request cannot be written as is: {exc}") from exc
     connect_timeout, read_timeout = _timeouts(pool)
     conn = pool._get_conn()
     reusable = False
@@ -304,7 +309,7 @@ def exchange(session: Any, prepared: Any) -> WireResponse | None:
         content = _body(reader, method, status, found)
         reusable = body_sent and not reader.pending and _keeps_alive(version, found)
         return WireResponse(status, found, content)
-    except (OSError, socket.timeout, ValueError, UnicodeError) as exc:
+    except (OSError, ValueError, UnicodeError) as exc:  # TimeoutError is an OSError
         raise WireError(f"{type(exc).__name__}: {exc}") from exc
     finally:
         if not reusable:
