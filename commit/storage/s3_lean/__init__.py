@@ -12,6 +12,8 @@ decides anything: on any answer but a plain success the caller makes the ordinar
 botocore call, whose answer is the definitive one.
 
 * :mod:`.kit`: learning a template, signing, sending, relearning after refusals;
+* :mod:`.exchange`: one request and its answer, as steps, with a blocking and an
+  asyncio driver (every lean request, sync or async, is these steps);
 * :mod:`.gets`: ``Range: bytes=-N`` GETs of the manifests a catch-up reads;
 * :mod:`.writes`: a commit's ``PutObject``, ``CopyObject`` and ``DeleteObject``.
 
