@@ -12,7 +12,7 @@ anything unusual on the wire an exception (the ordinary call then answers).
   a :class:`WireError`, the connection closed, the pool's size kept; the lean GET then
   gives None, the store's read goes through botocore;
 * a final answer instead of ``100 Continue``: the body is not sent, the connection closed;
-* a proxy, a streamed body: not the wire's request (None).
+* a proxy, a streamed body, another HTTP client: not the wire's request (None).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from s3_helpers import s3_config
 
 from lancetx.commit.storage.s3_lean import lean_gets, lean_writes
 from lancetx.commit.storage.s3_lean.kit import transport
-from lancetx.commit.storage.s3_lean.wire import WireError, exchange, signed_host
+from lancetx.commit.storage.s3_lean.wire import WireError, round_trip, signed_host
 from lancetx.commit.storage.s3store import S3ObjectStore
 from lancetx.demo.embedded import EmbeddedAws
 
@@ -163,7 +163,7 @@ def test_the_request_bytes_are_what_botocores_session_writes(
     assert session.send(_prepared(url, method, body, **headers)).content == b"hello"
     if isinstance(body, io.BytesIO):
         body.seek(0)
-    answer = exchange(session, _prepared(url, method, body, **headers))
+    answer = round_trip(session, _prepared(url, method, body, **headers))
     assert answer is not None and (answer.status_code, answer.content) == (200, b"hello")
     theirs, ours = server.requests
     assert ours == theirs
@@ -197,7 +197,7 @@ def test_a_connection_kept_open_serves_the_next_request(
     server = serve()
     session = transport(_store(server.url).client)
     for n in range(3):
-        answer = exchange(session, _prepared(f"{server.url}/bkt/k{n}"))
+        answer = round_trip(session, _prepared(f"{server.url}/bkt/k{n}"))
         assert answer is not None and answer.content == b"hello"
     assert (len(server.requests), server.connections) == (3, 1)
 
@@ -238,11 +238,11 @@ def test_answers_are_read_whole(
 ) -> None:
     server = serve(lambda head, body: answer)
     session = transport(_store(server.url).client)
-    got = exchange(session, _prepared(f"{server.url}/bkt/k"))
+    got = round_trip(session, _prepared(f"{server.url}/bkt/k"))
     assert got is not None and (got.status_code, got.content) == (status, content)
     if status == 206:
         assert got.headers["x-a"] == "1, 2"
-    exchange(session, _prepared(f"{server.url}/bkt/k"))
+    round_trip(session, _prepared(f"{server.url}/bkt/k"))
     assert server.connections == (1 if reused else 2)
 
 
@@ -267,10 +267,10 @@ def test_an_answer_it_does_not_understand_raises_and_closes(
     url = f"{server.url}/bkt/k"
     before = _pool_size(session, url)
     with pytest.raises(WireError):
-        exchange(session, _prepared(url))
+        round_trip(session, _prepared(url))
     assert _pool_size(session, url) == before
     server.script = lambda head, body: OK
-    assert exchange(session, _prepared(url)) is not None  # a new connection
+    assert round_trip(session, _prepared(url)) is not None  # a new connection
     assert server.connections == 2
 
 
@@ -285,7 +285,7 @@ def test_a_silent_server_is_a_read_timeout(serve: Callable[..., ScriptedServer])
     session = transport(_store(server.url, read_timeout=0.2).client)
     try:
         with pytest.raises(WireError, match="timed out"):
-            exchange(session, _prepared(f"{server.url}/bkt/k"))
+            round_trip(session, _prepared(f"{server.url}/bkt/k"))
     finally:
         hold.set()
 
@@ -297,10 +297,10 @@ def test_a_final_answer_instead_of_continue_leaves_the_body_unsent(
     server = serve(lambda head, body: refused if not body else OK, continue_first=False)
     session = transport(_store(server.url).client)
     url = f"{server.url}/bkt/k"
-    got = exchange(session, _prepared(url, "PUT", b"a body", Expect=b"100-continue"))
+    got = round_trip(session, _prepared(url, "PUT", b"a body", Expect=b"100-continue"))
     assert got is not None and (got.status_code, got.content) == (403, b"denied")
     assert not server.requests[0].endswith(b"a body")
-    assert exchange(session, _prepared(url)) is not None
+    assert round_trip(session, _prepared(url)) is not None
     assert server.connections == 2  # the one whose body was never sent is not reused
 
 
@@ -332,12 +332,13 @@ def test_a_proxy_or_a_streamed_body_is_not_the_wires(
     server = serve()
     session = transport(_store(server.url).client)
     url = f"{server.url}/bkt/k"
-    assert exchange(session, _prepared(url, "PUT", iter([b"x"]))) is None
+    assert round_trip(session, _prepared(url, "PUT", iter([b"x"]))) is None
     assert (
-        exchange(session, _prepared(url, "PUT", b"x", **{"Transfer-Encoding": "chunked"})) is None
+        round_trip(session, _prepared(url, "PUT", b"x", **{"Transfer-Encoding": "chunked"})) is None
     )
+    assert round_trip(object(), _prepared(url)) is None  # another HTTP client's session
     monkeypatch.setattr(session._proxy_config, "proxy_url_for", lambda url: "http://proxy:3128")
-    assert exchange(session, _prepared(url)) is None
+    assert round_trip(session, _prepared(url)) is None
     assert server.requests == []
 
 

@@ -41,6 +41,14 @@ from typing import Any, Final, cast
 
 from botocore.awsrequest import AWSPreparedRequest, HeadersDict
 
+from lancetx.commit.sansio import Steps
+from lancetx.commit.storage.s3_lean.exchange import (
+    Answer,
+    LeanEffect,
+    exchange,
+    exchange_async,
+    exchange_steps,
+)
 from lancetx.commit.storage.s3_lean.kit import (
     EMPTY_SHA256,
     AsyncLearned,
@@ -49,12 +57,7 @@ from lancetx.commit.storage.s3_lean.kit import (
     amz_now,
     capture,
     capture_async,
-    close_response,
-    content_async,
-    credentials,
     header,
-    send,
-    send_async,
     shared,
     sign,
     template_from_request,
@@ -102,8 +105,34 @@ def _tail_from(status: int, headers: Any, length: int) -> int | None:
     return None
 
 
-def _accepted(body: bytes, total: int, length: int) -> tuple[bytes, int] | None:
-    return (body, total) if len(body) == min(length, total) else None
+def _get_steps(
+    learned: Learned[LeanTemplate] | AsyncLearned[LeanTemplate],
+    template: LeanTemplate,
+    key: str,
+    length: int,
+) -> Steps[LeanEffect, Answer | None]:
+    """The exchange of one lean tail GET; its body is read only if the status and
+    headers are an answer it accepts (:func:`_tail_from`)."""
+    return exchange_steps(
+        "GetObject",
+        lambda frozen: _prepared(template, key, length, frozen),
+        learned.answered,
+        wanted=lambda status, headers: _tail_from(status, headers, length) is not None,
+        # Any failure reads it the ordinary way, which repeats the request and
+        # raises what botocore raises (a handler's error included).
+        handler_errors_leave=False,
+    )
+
+
+def _tail(answer: Answer | None, length: int) -> tuple[bytes, int] | None:
+    """The tail and total size an accepted answer gives, or None."""
+    if answer is None:
+        return None
+    status, headers, body = answer
+    total = _tail_from(status, headers, length)
+    if total is None or len(body) != min(length, total):
+        return None
+    return body, total
 
 
 def _template(captured: Any) -> LeanTemplate | None:
@@ -134,24 +163,9 @@ class LeanGets:
         template = self.template()
         if template is None or length <= 0:
             return None
-        try:
-            frozen = credentials(self._client).get_frozen_credentials()
-            response = send(self._client, "GetObject", _prepared(template, key, length, frozen))
-        except Exception:
-            return None  # the ordinary read repeats it and raises what botocore raises
-        read = False
-        try:
-            self._learned.answered(response.status_code)
-            total = _tail_from(response.status_code, response.headers, length)
-            if total is None:
-                return None
-            body = response.content
-            read = True
-            return _accepted(body, total, length)
-        except Exception:
-            return None
-        finally:
-            close_response(response, read=read)
+        return _tail(
+            exchange(self._client, _get_steps(self._learned, template, key, length)), length
+        )
 
 
 def lean_gets(client: Any, bucket: str) -> LeanGets:
@@ -188,22 +202,5 @@ class AsyncLeanGets:
         template = await self.template()
         if template is None or length <= 0:
             return None
-        try:
-            frozen = await credentials(self._client).get_frozen_credentials()
-            prepared = _prepared(template, key, length, frozen)
-            response = await send_async(self._client, "GetObject", prepared)
-        except Exception:
-            return None
-        read = False
-        try:
-            self._learned.answered(response.status_code)
-            total = _tail_from(response.status_code, response.headers, length)
-            if total is None:
-                return None
-            body = await content_async(response)
-            read = True
-            return _accepted(body, total, length)
-        except Exception:
-            return None
-        finally:
-            close_response(response, read=read)
+        steps = _get_steps(self._learned, template, key, length)
+        return _tail(await exchange_async(self._client, steps), length)

@@ -353,11 +353,11 @@ def send(client: Any, operation: str, prepared: Any) -> Any:
 
 def transmit(client: Any, prepared: Any) -> Any:
     """Send ``prepared`` (its ``before-send`` handlers have seen it) on a connection of
-    the client's own pool (:func:`~.wire.exchange`), or through its HTTP session when
+    the client's own pool (:func:`~.wire.round_trip`), or through its HTTP session when
     the wire is not the one to send it. Raises on a failed exchange (the caller then
     makes the ordinary call)."""
     session = transport(client)
-    answer = wire.exchange(session, prepared)
+    answer = wire.round_trip(session, prepared)
     return answer if answer is not None else session.send(prepared)
 
 

@@ -9,13 +9,15 @@ plain requests a lean request is — a signed request with a known-length body o
 answered with a status, a few headers and a body of known length — that machinery
 decides nothing.
 
-:func:`exchange` takes a connection from the very urllib3 pool botocore's session
+:func:`round_trip` takes a connection from the very urllib3 pool botocore's session
 would use for the URL (so TLS, certificates, client certificates, timeouts and
-connection reuse are the session's: the connection is opened by urllib3 with them, and
+connection reuse are the session's; a URL the session sends through a proxy is not
+the wire's: the connection is opened by urllib3 with them, and
 given back to the pool after a complete answer), writes the request as ``http.client``
 would (request line, ``Host``, ``Accept-Encoding: identity``, then the request's own
-headers in their order, ``Content-Length: 0`` on a bodiless PUT, and for ``Expect:
-100-continue`` botocore's wait of up to a second for the interim answer) and reads the
+headers in their order, ``Content-Length: 0`` on a bodiless PUT, and where botocore's
+connection would wait for ``100 Continue`` before a body, its wait of up to a second) and
+reads the
 answer: the status line, the headers, a body framed by ``Content-Length`` or chunked
 transfer coding, or none (``204``, ``304``).
 
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-__all__ = ["WireError", "WireResponse", "exchange", "signed_host"]
+__all__ = ["WireError", "WireResponse", "round_trip", "signed_host"]
 
 #: The most a status line or one header line may take, and all the headers together.
 _LINE_LIMIT: Final = 65536
@@ -57,7 +59,7 @@ class WireError(Exception):
 
 @dataclass(frozen=True)
 class WireResponse:
-    """An answer read by :func:`exchange` (the attributes lean requests read of botocore's
+    """An answer read by :func:`round_trip` (the attributes lean requests read of botocore's
     ``AWSResponse``)."""
 
     status_code: int
@@ -215,7 +217,7 @@ def _request_head(method: str, url: str, headers: Mapping[str, Any], body: bytes
 
 
 def _plain_body(prepared: Any) -> tuple[bool, bytes | None]:
-    """Whether the request's body is one :func:`exchange` sends, and its bytes."""
+    """Whether the request's body is one :func:`round_trip` sends, and its bytes."""
     body = prepared.body
     if body is None or isinstance(body, bytes):
         return True, body
@@ -251,10 +253,15 @@ def _timeouts(pool: Any) -> tuple[float | None, float | None]:
     )
 
 
-def exchange(session: Any, prepared: Any) -> WireResponse | None:
+def round_trip(session: Any, prepared: Any) -> WireResponse | None:
     """Send ``prepared`` (botocore's prepared request) on a connection of ``session``'s
     pool and read the answer; None: this module does not send it (see the module
     docstring). Raises WireError (or the socket's error) when the exchange failed."""
+    from botocore.awsrequest import AWSPreparedRequest
+    from botocore.httpsession import URLLib3Session
+
+    if not isinstance(session, URLLib3Session) or not isinstance(prepared, AWSPreparedRequest):
+        return None  # another HTTP client (aiobotocore's, a stand-in): its own send
     method = str(prepared.method).upper()
     headers = prepared.headers
     lowered = {str(name).lower() for name in headers}

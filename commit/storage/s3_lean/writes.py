@@ -47,9 +47,16 @@ from typing import Any, Final
 from xml.etree import ElementTree
 
 from botocore.awsrequest import AWSRequest
-from botocore.exceptions import HTTPClientError
 
+from lancetx.commit.sansio import Steps
 from lancetx.commit.storage.objectstore import ObjectMeta
+from lancetx.commit.storage.s3_lean.exchange import (
+    Answer,
+    LeanEffect,
+    exchange,
+    exchange_async,
+    exchange_steps,
+)
 from lancetx.commit.storage.s3_lean.kit import (
     EMPTY_SHA256,
     AsyncLearned,
@@ -57,12 +64,8 @@ from lancetx.commit.storage.s3_lean.kit import (
     LeanTemplate,
     Learned,
     amz_now,
-    before_send,
-    before_send_async,
     capture,
     capture_async,
-    close_response,
-    content_async,
     credentials,
     header,
     quoted_key,
@@ -70,8 +73,6 @@ from lancetx.commit.storage.s3_lean.kit import (
     shared,
     sign,
     template_from_request,
-    transmit,
-    transport,
 )
 
 __all__ = [
@@ -312,6 +313,14 @@ def _deleted(status: int) -> bool | None:
     return True if status in (200, 204) else None
 
 
+def _write_steps(
+    learned: Learned[Any] | AsyncLearned[Any], operation: str, prepare: Callable[[Any], Any]
+) -> Steps[LeanEffect, Answer | None]:
+    # A handler's error other than a connection failure leaves the write, as it
+    # leaves botocore's call.
+    return exchange_steps(operation, prepare, learned.answered, handler_errors_leave=True)
+
+
 # ------------------------------------------------------------------ the writers
 
 
@@ -360,37 +369,11 @@ class LeanWrites:
         return self._put.get(), self._copy.get(), self._delete.get()
 
     def _exchange(
-        self,
-        learned: Learned[Any],
-        operation: str,
-        prepare: Callable[[Any], Any],
-    ) -> tuple[int, Any, bytes] | None:
+        self, learned: Learned[Any], operation: str, prepare: Callable[[Any], Any]
+    ) -> Answer | None:
         """Send what ``prepare(frozen credentials)`` builds; the answer's status, headers
         and body, or None when it was not answered in full."""
-        try:
-            prepared = prepare(credentials(self._client).get_frozen_credentials())
-        except Exception:
-            return None
-        try:
-            # A handler's exception other than a connection failure (which botocore
-            # retries) leaves the write, as it leaves botocore's call.
-            answered = before_send(self._client, operation, prepared)
-        except HTTPClientError:
-            return None
-        try:
-            response = answered if answered is not None else transmit(self._client, prepared)
-        except Exception:
-            return None  # the ordinary call sends it again, as botocore would retry
-        read = False
-        try:
-            learned.answered(response.status_code)
-            body = response.content
-            read = True
-            return response.status_code, response.headers, bytes(body)
-        except Exception:
-            return None
-        finally:
-            close_response(response, read=read)
+        return exchange(self._client, _write_steps(learned, operation, prepare))
 
     def put(self, key: str, data: bytes) -> ObjectMeta | None:
         """``data`` written to ``key``, or None: write it the ordinary way."""
@@ -484,32 +467,9 @@ class AsyncLeanWrites:
 
     async def _exchange(
         self, learned: AsyncLearned[Any], operation: str, prepare: Callable[[Any], Any]
-    ) -> tuple[int, Any, bytes] | None:
+    ) -> Answer | None:
         """See :meth:`LeanWrites._exchange`."""
-        try:
-            prepared = prepare(await credentials(self._client).get_frozen_credentials())
-        except Exception:
-            return None
-        try:
-            answered = await before_send_async(self._client, operation, prepared)
-        except HTTPClientError:
-            return None
-        try:
-            response = (
-                answered if answered is not None else await transport(self._client).send(prepared)
-            )
-        except Exception:
-            return None
-        read = False
-        try:
-            learned.answered(response.status_code)
-            body = await content_async(response)
-            read = True
-            return response.status_code, response.headers, body
-        except Exception:
-            return None
-        finally:
-            close_response(response, read=read)
+        return await exchange_async(self._client, _write_steps(learned, operation, prepare))
 
     async def put(self, key: str, data: bytes) -> ObjectMeta | None:
         """See :meth:`LeanWrites.put`."""
