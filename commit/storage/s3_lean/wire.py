@@ -195,7 +195,7 @@ def _keeps_alive(version: str, headers: Mapping[str, str]) -> bool:
     return version == "HTTP/1.1" or "keep-alive" in tokens
 
 
-def _request_head(method: str, url: str, headers: Mapping[str, Any], body: bytes | None) -> bytes:
+def _request_head(method: str, url: str, headers: Any, body: bytes | None) -> bytes:
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     lines = [f"{method} {target} HTTP/1.1", f"Host: {signed_host(url)}"]
