@@ -6,7 +6,8 @@ anything unusual on the wire an exception (the ordinary call then answers).
   100-continue``) are those botocore's HTTP session writes for the same prepared request;
 * a lean GET and each lean write go out without botocore's session, one request each
   against the embedded server, and a connection the server keeps open serves the next;
-* answers framed by ``Content-Length``, chunked, or none (204) are read whole;
+* answers framed by ``Content-Length``, chunked, or none (204) are read whole, never
+  beyond the range a GET asked for (a server ignoring it does not make it read more);
   ``Connection: close`` and HTTP/1.0 answers close the connection;
 * a malformed status line, an answer without framing, a short body, a silent server:
   a :class:`WireError`, the connection closed, the pool's size kept; the lean GET then
@@ -29,7 +30,7 @@ from s3_helpers import s3_config
 
 from lancetx.commit.storage.s3_lean import lean_gets, lean_writes
 from lancetx.commit.storage.s3_lean.kit import transport
-from lancetx.commit.storage.s3_lean.wire import WireError, round_trip, signed_host
+from lancetx.commit.storage.s3_lean.wire import ANSWER_LIMIT, WireError, round_trip, signed_host
 from lancetx.commit.storage.s3store import S3ObjectStore
 from lancetx.demo.embedded import EmbeddedAws
 
@@ -272,6 +273,25 @@ def test_an_answer_it_does_not_understand_raises_and_closes(
     server.script = lambda head, body: OK
     assert round_trip(session, _prepared(url)) is not None  # a new connection
     assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "answer"),
+    [
+        ({"Range": "bytes=-100"}, b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n"),
+        ({"Range": "bytes=0-99"}, b"HTTP/1.1 200 OK\r\nContent-Length: 101\r\n\r\n"),
+        ({"Range": "bytes=-4"}, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n"),
+        ({}, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (ANSWER_LIMIT + 1)),
+    ],
+    ids=["range-ignored", "range-overrun", "chunked-overrun", "no-range"],
+)
+def test_a_body_longer_than_asked_for_is_not_read(
+    serve: Callable[..., ScriptedServer], headers: dict[str, str], answer: bytes
+) -> None:
+    server = serve(lambda head, body: answer)  # the body never comes: reading would hang
+    session = transport(_store(server.url, read_timeout=30).client)
+    with pytest.raises(WireError, match="more than the"):
+        round_trip(session, _prepared(f"{server.url}/bkt/k", **headers))
 
 
 def test_a_silent_server_is_a_read_timeout(serve: Callable[..., ScriptedServer]) -> None:

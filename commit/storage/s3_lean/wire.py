@@ -19,7 +19,8 @@ headers in their order, ``Content-Length: 0`` on a bodiless PUT, and where botoc
 connection would wait for ``100 Continue`` before a body, its wait of up to a second) and
 reads the
 answer: the status line, the headers, a body framed by ``Content-Length`` or chunked
-transfer coding, or none (``204``, ``304``).
+transfer coding, or none (``204``, ``304``), never longer than the range a GET asks
+for (or :data:`ANSWER_LIMIT` without one).
 
 It returns None when it is not the one to send the request (a proxy, a session of
 another kind, a request with a streamed body or chunked transfer coding): the caller
@@ -34,12 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-__all__ = ["WireError", "WireResponse", "round_trip", "signed_host"]
+__all__ = ["ANSWER_LIMIT", "WireError", "WireResponse", "round_trip", "signed_host"]
 
 #: The most a status line or one header line may take, and all the headers together.
 _LINE_LIMIT: Final = 65536
@@ -51,6 +53,10 @@ _EXPECT_WAIT: Final = 1.0
 #: Methods ``http.client`` sends ``Content-Length: 0`` for when there is no body.
 _BODY_METHODS: Final = frozenset({"PATCH", "POST", "PUT"})
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+#: The most of an answer's body read for a request without a range (S3 answers a
+#: write with a few hundred bytes; anything longer is left to the ordinary path).
+ANSWER_LIMIT: Final = 1 << 20
+_RANGE: Final = re.compile(r"^\s*bytes=(?:-(?P<suffix>\d+)|(?P<first>\d+)-(?P<last>\d+))\s*$")
 
 
 class WireError(Exception):
@@ -155,8 +161,28 @@ def _head(reader: _Reader) -> tuple[str, int, dict[str, str]]:
     return version, status, _headers(reader)
 
 
-def _chunked(reader: _Reader) -> bytes:
+def _too_long(size: int, limit: int) -> None:
+    if size > limit:
+        # Not read: a server that ignored a range could send a whole large object.
+        raise WireError(f"an answer of {size} bytes, more than the {limit} this request reads")
+
+
+def _answer_limit(headers: Any) -> int:
+    """The most of an answer's body :func:`round_trip` reads: the length of the range a
+    GET asks for (``bytes=-N``, ``bytes=A-B``), else :data:`ANSWER_LIMIT`."""
+    raw = headers.get("Range")
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw or "")
+    match = _RANGE.match(text)
+    if match is None:
+        return ANSWER_LIMIT
+    if match["suffix"] is not None:
+        return int(match["suffix"])
+    return int(match["last"]) - int(match["first"]) + 1
+
+
+def _chunked(reader: _Reader, limit: int) -> bytes:
     parts: list[bytes] = []
+    read = 0
     while True:
         size_line = reader.readline().split(b";", 1)[0].strip()
         try:
@@ -168,23 +194,28 @@ def _chunked(reader: _Reader) -> bytes:
         if size == 0:
             _headers(reader)  # trailers, if any, then the blank line
             return b"".join(parts)
+        read += size
+        _too_long(read, limit)
         parts.append(reader.read(size))
         if reader.read(2) != b"\r\n":
             raise WireError("a chunk not followed by CRLF")
 
 
-def _body(reader: _Reader, method: str, status: int, headers: Mapping[str, str]) -> bytes:
+def _body(
+    reader: _Reader, method: str, status: int, headers: Mapping[str, str], limit: int
+) -> bytes:
     if method == "HEAD" or status in (204, 304):
         return b""
     coding = headers.get("transfer-encoding")
     if coding is not None:
         if coding.strip().lower() != "chunked":
             raise WireError(f"a transfer coding other than chunked: {coding!r}")
-        return _chunked(reader)
+        return _chunked(reader, limit)
     length = headers.get("content-length")
     if length is None or not length.strip().isdigit():
         # A body delimited by the connection's close: left to the ordinary path.
         raise WireError("an answer without a Content-Length")
+    _too_long(int(length.strip()), limit)
     return reader.read(int(length.strip()))
 
 
@@ -313,7 +344,7 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
                 version, status, found = _head(reader)
             answer = (version, status, found, True)
         version, status, found, body_sent = answer
-        content = _body(reader, method, status, found)
+        content = _body(reader, method, status, found, _answer_limit(headers))
         reusable = body_sent and not reader.pending and _keeps_alive(version, found)
         return WireResponse(status, found, content)
     except (OSError, ValueError, UnicodeError) as exc:  # TimeoutError is an OSError
