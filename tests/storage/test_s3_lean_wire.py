@@ -357,6 +357,9 @@ def test_a_proxy_or_a_streamed_body_is_not_the_wires(
         round_trip(session, _prepared(url, "PUT", b"x", **{"Transfer-Encoding": "chunked"})) is None
     )
     assert round_trip(object(), _prepared(url)) is None  # another HTTP client's session
+    for bad in ("a\r\nX-Injected: 1", "a\nb", "a\rb", "a\0b"):
+        with pytest.raises(WireError, match="cannot be sent as is"):
+            round_trip(session, _prepared(url, **{"X-Amz-Meta-A": bad}))
     monkeypatch.setattr(session._proxy_config, "proxy_url_for", lambda url: "http://proxy:3128")
     assert round_trip(session, _prepared(url)) is None
     assert server.requests == []

@@ -39,7 +39,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 __all__ = ["ANSWER_LIMIT", "WireError", "WireResponse", "round_trip", "signed_host"]
 
@@ -80,7 +80,10 @@ def signed_host(url: str) -> str:
     """The ``Host`` of a request for ``url``, as ``http.client`` sends it and SigV4 signs
     it: the host name (an IPv6 literal bracketed), with the port unless it is the
     scheme's default."""
-    parts = urlsplit(url)
+    return _host(urlsplit(url))
+
+
+def _host(parts: SplitResult) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
@@ -229,12 +232,10 @@ def _keeps_alive(version: str, headers: Mapping[str, str]) -> bool:
 def _request_head(method: str, url: str, headers: Any, body: bytes | None) -> bytes:
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {signed_host(url)}"]
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {_host(parts)}"]
     names = set()
     for name, value in headers.items():
         text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
-        if any(c in text or c in name for c in "\r\n\0"):
-            raise WireError(f"header {name!r} cannot be sent as is")
         lines.append(f"{name}: {text}")
         names.add(str(name).lower())
     if "host" in names or "user-agent" not in names:
@@ -244,7 +245,12 @@ def _request_head(method: str, url: str, headers: Any, body: bytes | None) -> by
         lines.insert(2, "Accept-Encoding: identity")
     if "content-length" not in names and (body is not None or method in _BODY_METHODS):
         lines.append(f"Content-Length: {len(body or b'')}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    head = "\r\n".join(lines)
+    # Only the separators may break lines (http.client refuses such headers too).
+    breaks = len(lines) - 1
+    if head.count("\r") != breaks or head.count("\n") != breaks or "\0" in head:
+        raise WireError("a header that cannot be sent as is (CR, LF or NUL in it)")
+    return (head + "\r\n\r\n").encode("latin-1")
 
 
 def _plain_body(prepared: Any) -> tuple[bool, bytes | None]:
