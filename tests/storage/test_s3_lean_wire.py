@@ -294,6 +294,17 @@ def test_a_body_longer_than_asked_for_is_not_read(
         round_trip(session, _prepared(f"{server.url}/bkt/k", **headers))
 
 
+def test_an_error_answer_longer_than_the_range_is_read_whole(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    error = b"<Error><Code>PermanentRedirect</Code></Error>"
+    moved = b"HTTP/1.1 301 Moved\r\nContent-Length: %d\r\n\r\n%b" % (len(error), error)
+    server = serve(lambda head, body: moved)
+    session = transport(_store(server.url).client)
+    got = round_trip(session, _prepared(f"{server.url}/bkt/k", Range="bytes=-8"))
+    assert got is not None and (got.status_code, got.content) == (301, error)
+
+
 def test_a_silent_server_is_a_read_timeout(serve: Callable[..., ScriptedServer]) -> None:
     hold = threading.Event()
 

@@ -20,7 +20,7 @@ connection would wait for ``100 Continue`` before a body, its wait of up to a se
 reads the
 answer: the status line, the headers, a body framed by ``Content-Length`` or chunked
 transfer coding, or none (``204``, ``304``), never longer than the range a GET asks
-for (or :data:`ANSWER_LIMIT` without one).
+for (a success), or than :data:`ANSWER_LIMIT` (any other answer).
 
 It returns None when it is not the one to send the request (a proxy, a session of
 another kind, a request with a streamed body or chunked transfer coding): the caller
@@ -171,8 +171,8 @@ def _too_long(size: int, limit: int) -> None:
 
 
 def _answer_limit(headers: Any) -> int:
-    """The most of an answer's body :func:`round_trip` reads: the length of the range a
-    GET asks for (``bytes=-N``, ``bytes=A-B``), else :data:`ANSWER_LIMIT`."""
+    """The most of a successful answer's body :func:`round_trip` reads: the length of the
+    range a GET asks for (``bytes=-N``, ``bytes=A-B``), else :data:`ANSWER_LIMIT`."""
     raw = headers.get("Range")
     text = raw.decode("latin-1") if isinstance(raw, bytes) else str(raw or "")
     match = _RANGE.match(text)
@@ -350,7 +350,9 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
                 version, status, found = _head(reader)
             answer = (version, status, found, True)
         version, status, found, body_sent = answer
-        content = _body(reader, method, status, found, _answer_limit(headers))
+        # A success carries at most the range asked for; an error its own short body.
+        limit = _answer_limit(headers) if 200 <= status < 300 else ANSWER_LIMIT
+        content = _body(reader, method, status, found, limit)
         reusable = body_sent and not reader.pending and _keeps_alive(version, found)
         return WireResponse(status, found, content)
     except (OSError, ValueError, UnicodeError) as exc:  # TimeoutError is an OSError
