@@ -346,7 +346,7 @@ async def before_send_async(client: Any, operation: str, prepared: Any) -> Any:
 
 def send(client: Any, operation: str, prepared: Any) -> Any:
     """Send ``prepared`` as botocore sends an ``operation`` request: its ``before-send``
-    handlers see it first (and one may answer it), then the client's HTTP session."""
+    handlers see it first (and one may answer it), then :func:`transmit` sends it."""
     answered = before_send(client, operation, prepared)
     return answered if answered is not None else transmit(client, prepared)
 
