@@ -12,6 +12,7 @@ anything unusual on the wire an exception (the ordinary call then answers).
 * a malformed status line, an answer without framing, a short body, a silent server:
   a :class:`WireError`, the connection closed, the pool's size kept; the lean GET then
   gives None, the store's read goes through botocore;
+* an interrupt mid-answer leaves, the connection closed and the pool's size kept;
 * a final answer instead of ``100 Continue``: the body is not sent, the connection closed;
 * a proxy, a streamed body, another HTTP client: not the wire's request (None).
 """
@@ -303,6 +304,29 @@ def test_an_error_answer_longer_than_the_range_is_read_whole(
     session = transport(_store(server.url).client)
     got = round_trip(session, _prepared(f"{server.url}/bkt/k", Range="bytes=-8"))
     assert got is not None and (got.status_code, got.content) == (301, error)
+
+
+def test_an_interrupt_mid_answer_leaves_with_the_connection_closed(
+    serve: Callable[..., ScriptedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lancetx.commit.storage.s3_lean import wire
+
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    assert round_trip(session, _prepared(url)) is not None
+    before = _pool_size(session, url)
+
+    def interrupted(self: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wire._Reader, "_fill", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        round_trip(session, _prepared(url))
+    monkeypatch.undo()
+    assert _pool_size(session, url) == before
+    assert round_trip(session, _prepared(url)) is not None
+    assert server.connections == 2  # the interrupted one was closed, not reused
 
 
 def test_a_silent_server_is_a_read_timeout(serve: Callable[..., ScriptedServer]) -> None:
