@@ -3,7 +3,8 @@ connection of the client's own pool, the bytes botocore's session would send, an
 anything unusual on the wire an exception (the ordinary call then answers).
 
 * the request bytes (GET, bodiless PUT and DELETE, a PUT with a body and ``Expect:
-  100-continue``) are those botocore's HTTP session writes for the same prepared request;
+  100-continue``) are those botocore's HTTP session writes for the same prepared request,
+  over TLS too, where the session's trust is the wire's (an untrusted certificate refused);
 * a lean GET and each lean write go out without botocore's session, one request each
   against the embedded server, and a connection the server keeps open serves the next;
 * answers framed by ``Content-Length``, chunked, or none (204) are read whole, never
@@ -21,12 +22,15 @@ from __future__ import annotations
 
 import io
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSRequest
+from botocore.httpsession import URLLib3Session
 from s3_helpers import s3_config
 
 from lancetx.commit.storage.s3_lean import lean_gets, lean_writes
@@ -47,8 +51,11 @@ class ScriptedServer:
     """A TCP server on 127.0.0.1 that records every request's bytes and answers each by
     ``script``; it keeps a connection open for the next request unless told otherwise."""
 
-    def __init__(self, script: Script, *, continue_first: bool = True) -> None:
+    def __init__(
+        self, script: Script, *, continue_first: bool = True, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.script = script
+        self.tls = tls
         self.continue_first = continue_first
         self.requests: list[bytes] = []
         self.connections = 0
@@ -71,6 +78,12 @@ class ScriptedServer:
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
 
     def _connection(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except (OSError, ssl.SSLError):
+                conn.close()
+                return  # a client that refused the certificate
         buffer = b""
         with conn:
             while True:
@@ -169,6 +182,40 @@ def test_the_request_bytes_are_what_botocores_session_writes(
     assert answer is not None and (answer.status_code, answer.content) == (200, b"hello")
     theirs, ours = server.requests
     assert ours == theirs
+
+
+def _self_signed(directory: Any) -> tuple[str, ssl.SSLContext]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return str(cert), context
+
+
+def test_over_tls_the_bytes_and_the_trust_are_the_sessions(
+    serve: Callable[..., ScriptedServer], tmp_path: Any
+) -> None:
+    cert, context = _self_signed(tmp_path)
+    server = serve(tls=context)
+    url = f"https://127.0.0.1:{server.port}/bkt/k"
+    session = URLLib3Session(verify=cert)
+    assert session.send(_prepared(url, Range="bytes=-5")).content == b"hello"
+    got = round_trip(session, _prepared(url, Range="bytes=-5"))
+    assert got is not None and (got.status_code, got.content) == (200, b"hello")
+    theirs, ours = server.requests
+    assert ours == theirs
+    # A session that does not trust the certificate refuses it on the wire too.
+    with pytest.raises(Exception, match=r"(?i)certificate"):
+        round_trip(URLLib3Session(), _prepared(url))
+    assert len(server.requests) == 2
 
 
 def test_a_lean_get_and_each_lean_write_bypass_botocores_session(
