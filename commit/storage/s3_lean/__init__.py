@@ -6,14 +6,16 @@ response headers parsed into typed fields), where pylance's Rust client spends a
 fraction of that. A lean request is the same request, learned from botocore once per
 client, bucket and operation (a probe request stopped after botocore signed it, never
 sent), signed with SigV4 exactly as botocore signs it, seen by the client's
-``before-send`` handlers (request counters, guards, mocks that answer) and sent
-through the client's own HTTP session (its TLS, proxies, timeouts and pool). It never
+``before-send`` handlers (request counters, guards, mocks that answer) and sent on a
+connection of the client's own pool (its TLS, timeouts and connection reuse; through
+its HTTP session when a proxy or the asyncio client is in the way). It never
 decides anything: on any answer but a plain success the caller makes the ordinary
 botocore call, whose answer is the definitive one.
 
 * :mod:`.kit`: learning a template, signing, sending, relearning after refusals;
 * :mod:`.exchange`: one request and its answer, as steps, with a blocking and an
   asyncio driver (every lean request, sync or async, is these steps);
+* :mod:`.wire`: the HTTP/1.1 exchange itself, on a connection of the client's pool;
 * :mod:`.gets`: ``Range: bytes=-N`` GETs of the manifests a catch-up reads;
 * :mod:`.writes`: a commit's ``PutObject``, ``CopyObject`` and ``DeleteObject``.
 

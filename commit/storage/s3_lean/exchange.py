@@ -5,7 +5,8 @@ credentials and build the signed request, let the client's ``before-send``
 handlers see it (one may answer it), send it through the client's HTTP session,
 judge the status and headers, read the body, give the connection back. Written
 once here as steps (:mod:`lancetx.commit.sansio`); :func:`exchange` runs them on
-a botocore client, :func:`exchange_async` on an aiobotocore one.
+a botocore client (sending on a connection of its pool, see :mod:`.wire`),
+:func:`exchange_async` on an aiobotocore one (through its HTTP session).
 
 Invariant: the steps never raise what a request did. Every failure of an effect
 (credentials, the send, the body) ends them with None, and the caller makes the
@@ -30,6 +31,7 @@ from lancetx.commit.storage.s3_lean.kit import (
     close_response,
     content_async,
     credentials,
+    transmit,
     transport,
 )
 
@@ -135,7 +137,7 @@ def exchange(client: Any, steps: Steps[LeanEffect, Answer | None]) -> Answer | N
         if isinstance(effect, BeforeSend):
             return before_send(client, effect.operation, effect.prepared)
         if isinstance(effect, Transmit):
-            return transport(client).send(effect.prepared)
+            return transmit(client, effect.prepared)
         return bytes(effect.response.content)
 
     try:

@@ -16,8 +16,9 @@ sent (a ``request-created`` handler, after botocore signed it). Each lean GET th
 builds that request for another key, signs it with botocore's own SigV4 signer and
 the client's own credentials (refreshed as botocore refreshes them), lets the client's
 ``before-send`` handlers see it (request counters, guards, and mocks that answer
-requests themselves, as botocore does) and sends it through the client's own HTTP
-session (its TLS, proxy, timeout and pool settings).
+requests themselves, as botocore does) and sends it on a connection of the client's own
+pool (its TLS, timeout and pool settings; see :mod:`.wire`), or through the client's
+HTTP session where the wire does not send it (a proxy, an asyncio client).
 
 A lean GET never decides anything: any answer other than a plain success (an error
 status, a connection failure, a response it does not understand) returns None, and

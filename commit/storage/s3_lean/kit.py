@@ -25,6 +25,8 @@ from urllib.parse import quote, urlsplit
 
 from botocore.hooks import first_non_none_response
 
+from lancetx.commit.storage.s3_lean import wire
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -344,9 +346,19 @@ async def before_send_async(client: Any, operation: str, prepared: Any) -> Any:
 
 def send(client: Any, operation: str, prepared: Any) -> Any:
     """Send ``prepared`` as botocore sends an ``operation`` request: its ``before-send``
-    handlers see it first (and one may answer it), then the client's HTTP session."""
+    handlers see it first (and one may answer it), then :func:`transmit` sends it."""
     answered = before_send(client, operation, prepared)
-    return answered if answered is not None else transport(client).send(prepared)
+    return answered if answered is not None else transmit(client, prepared)
+
+
+def transmit(client: Any, prepared: Any) -> Any:
+    """Send ``prepared`` (its ``before-send`` handlers have seen it) on a connection of
+    the client's own pool (:func:`~.wire.round_trip`), or through its HTTP session when
+    the wire is not the one to send it. Raises on a failed exchange (the caller then
+    makes the ordinary call)."""
+    session = transport(client)
+    answer = wire.round_trip(session, prepared)
+    return answer if answer is not None else session.send(prepared)
 
 
 async def send_async(client: Any, operation: str, prepared: Any) -> Any:

@@ -8,7 +8,7 @@ pylance's whole insert (nine requests) costs ~12 ms. A :class:`LeanWrites` learn
 botocore sends for each of the three operations (once per client and bucket, a probe
 request stopped before it is sent, as a lean GET learns its own) and sends them the
 lean GET's way: signed as botocore signs them, seen by the client's ``before-send``
-handlers, through the client's own HTTP session.
+handlers, on a connection of the client's own pool (see :mod:`.wire`).
 
 What botocore sends is reproduced, not approximated: a ``PutObject``'s body checksum
 (the CRC32, SHA-1 or SHA-256 header botocore adds with

@@ -1,0 +1,460 @@
+"""Lean requests on the wire (``commit/storage/s3_lean/wire.py``): written and read on a
+connection of the client's own pool, the bytes botocore's session would send, and
+anything unusual on the wire an exception (the ordinary call then answers).
+
+* the request bytes (GET, bodiless PUT and DELETE, a PUT with a body and ``Expect:
+  100-continue``) are those botocore's HTTP session writes for the same prepared request,
+  over TLS too, where the session's trust is the wire's (an untrusted certificate refused);
+* a lean GET and each lean write go out without botocore's session, one request each
+  against the embedded server, and a connection the server keeps open serves the next;
+* answers framed by ``Content-Length``, chunked, or none (204) are read whole, never
+  beyond the range a GET asked for (a server ignoring it does not make it read more);
+  ``Connection: close`` and HTTP/1.0 answers close the connection;
+* a malformed status line, an answer without framing, a short body, a silent server:
+  a :class:`WireError`, the connection closed, the pool's size kept; the lean GET then
+  gives None, the store's read goes through botocore;
+* an interrupt mid-answer leaves, the connection closed and the pool's size kept;
+* a final answer instead of ``100 Continue``: the body is not sent, the connection closed;
+* a proxy, a streamed body, another HTTP client: not the wire's request (None).
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSRequest
+from botocore.httpsession import URLLib3Session
+from s3_helpers import s3_config
+
+from lancetx.commit.storage.s3_lean import lean_gets, lean_writes
+from lancetx.commit.storage.s3_lean.kit import transport
+from lancetx.commit.storage.s3_lean.wire import ANSWER_LIMIT, WireError, round_trip, signed_host
+from lancetx.commit.storage.s3store import S3ObjectStore
+from lancetx.demo.embedded import EmbeddedAws
+
+#: What a scripted server answers: given the request head (and body, read by its
+#: Content-Length unless ``Expect`` asked to wait), the bytes to send back; ``None``
+#: sends nothing and closes.
+Script = Callable[[bytes, bytes], bytes | None]
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+
+
+class ScriptedServer:
+    """A TCP server on 127.0.0.1 that records every request's bytes and answers each by
+    ``script``; it keeps a connection open for the next request unless told otherwise."""
+
+    def __init__(
+        self, script: Script, *, continue_first: bool = True, tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.script = script
+        self.tls = tls
+        self.continue_first = continue_first
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except (OSError, ssl.SSLError):
+                conn.close()
+                return  # a client that refused the certificate
+        buffer = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                head += b"\r\n\r\n"
+                lines = head.decode("latin-1").lower().split("\r\n")
+                length = next(
+                    (int(v.split(":", 1)[1]) for v in lines if v.startswith("content-length:")), 0
+                )
+                expects = "expect: 100-continue" in lines
+                if expects and length and not buffer:
+                    if not self.continue_first:
+                        # A final answer before the body: nothing more on this connection.
+                        self.requests.append(head)
+                        answer = self.script(head, b"")
+                        if answer is not None:
+                            conn.sendall(answer)
+                        return
+                    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                while len(buffer) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                body, buffer = buffer[:length], buffer[length:]
+                self.requests.append(head + body)
+                answer = self.script(head, body)
+                if answer is None:
+                    return
+                conn.sendall(answer)
+                if b"connection: close" in answer.lower():
+                    return
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., ScriptedServer]]:
+    servers: list[ScriptedServer] = []
+
+    def start(script: Script = lambda head, body: OK, **kwargs: Any) -> ScriptedServer:
+        server = ScriptedServer(script, **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _store(endpoint: str, **overrides: Any) -> S3ObjectStore:
+    return S3ObjectStore("bkt", config=s3_config(endpoint, **{"max_attempts": 1, **overrides}))
+
+
+def _prepared(url: str, method: str = "GET", body: Any = None, **headers: Any) -> Any:
+    base = {"User-Agent": "lancetx-test", "X-Amz-Date": "20260101T000000Z"}
+    return AWSRequest(method=method, url=url, headers={**base, **headers}, data=body).prepare()
+
+
+def _pool_size(session: Any, url: str) -> int:
+    pool = session._get_connection_manager(url, None).connection_from_url(url)
+    return int(pool.pool.qsize())
+
+
+# ------------------------------------------------------------------ the bytes
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "headers"),
+    [
+        ("GET", None, {"Range": "bytes=-65536"}),
+        ("DELETE", None, {}),
+        ("PUT", None, {"x-amz-copy-source": "bkt/a%20b"}),
+        ("PUT", b"some bytes", {"Expect": b"100-continue", "Content-MD5": "abc=="}),
+        ("PUT", io.BytesIO(b"a stream"), {"Expect": b"100-continue"}),
+        ("PUT", b"some bytes", {"Expect": "100-continue"}),
+    ],
+    ids=["get", "delete", "copy", "put-expect", "put-stream-of-bytes", "put-expect-str"],
+)
+def test_the_request_bytes_are_what_botocores_session_writes(
+    serve: Callable[..., ScriptedServer], method: str, body: Any, headers: dict[str, Any]
+) -> None:
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/t/a%20b%2Bc"
+    assert session.send(_prepared(url, method, body, **headers)).content == b"hello"
+    if isinstance(body, io.BytesIO):
+        body.seek(0)
+    answer = round_trip(session, _prepared(url, method, body, **headers))
+    assert answer is not None and (answer.status_code, answer.content) == (200, b"hello")
+    theirs, ours = server.requests
+    assert ours == theirs
+
+
+def _self_signed(directory: Any) -> tuple[str, ssl.SSLContext]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return str(cert), context
+
+
+def test_over_tls_the_bytes_and_the_trust_are_the_sessions(
+    serve: Callable[..., ScriptedServer], tmp_path: Any
+) -> None:
+    cert, context = _self_signed(tmp_path)
+    server = serve(tls=context)
+    url = f"https://127.0.0.1:{server.port}/bkt/k"
+    session = URLLib3Session(verify=cert)
+    assert session.send(_prepared(url, Range="bytes=-5")).content == b"hello"
+    got = round_trip(session, _prepared(url, Range="bytes=-5"))
+    assert got is not None and (got.status_code, got.content) == (200, b"hello")
+    theirs, ours = server.requests
+    assert ours == theirs
+    # A session that does not trust the certificate refuses it on the wire too.
+    with pytest.raises(Exception, match=r"(?i)certificate"):
+        round_trip(URLLib3Session(), _prepared(url))
+    assert len(server.requests) == 2
+
+
+def test_a_lean_get_and_each_lean_write_bypass_botocores_session(
+    aws: EmbeddedAws, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = S3ObjectStore(bucket, config=s3_config(aws.endpoint, max_attempts=1))
+    gets, writes = lean_gets(store.client, bucket), lean_writes(store.client, bucket)
+    gets.template(), writes.learned()  # learned before the session is taken away
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise AssertionError("sent through botocore's HTTP session")
+
+    monkeypatch.setattr(transport(store.client), "send", refused)
+    seen: list[str] = []
+    store.client.meta.events.register(
+        "before-send.s3", lambda request, **_: seen.append(request.method)
+    )
+    assert writes.put("k/a", b"x" * 3000) is not None
+    assert writes.copy("k/a", "k/b") is not None
+    assert gets.get_tail("k/b", 100) == (b"x" * 100, 3000)
+    assert writes.delete("k/a") is True
+    assert seen == ["PUT", "PUT", "GET", "DELETE"]
+
+
+def test_a_connection_kept_open_serves_the_next_request(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve()
+    session = transport(_store(server.url).client)
+    for n in range(3):
+        answer = round_trip(session, _prepared(f"{server.url}/bkt/k{n}"))
+        assert answer is not None and answer.content == b"hello"
+    assert (len(server.requests), server.connections) == (3, 1)
+
+
+# ------------------------------------------------------------------ framing
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "content", "reused"),
+    [
+        (
+            b"HTTP/1.1 206 Partial\r\nContent-Length: 3\r\nX-A: 1\r\nx-a: 2\r\n\r\nabc",
+            206,
+            b"abc",
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: x\r\n\r\n",
+            200,
+            b"abcde",
+            True,
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", 200, b"ok", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, b"ok", False),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 1\r\n\r\nx",
+            404,
+            b"x",
+            True,
+        ),
+    ],
+    ids=["length", "chunked", "no-content", "close", "http-1.0", "interim"],
+)
+def test_answers_are_read_whole(
+    serve: Callable[..., ScriptedServer], answer: bytes, status: int, content: bytes, reused: bool
+) -> None:
+    server = serve(lambda head, body: answer)
+    session = transport(_store(server.url).client)
+    got = round_trip(session, _prepared(f"{server.url}/bkt/k"))
+    assert got is not None and (got.status_code, got.content) == (status, content)
+    if status == 206:
+        assert got.headers["x-a"] == "1, 2"
+    round_trip(session, _prepared(f"{server.url}/bkt/k"))
+    assert server.connections == (1 if reused else 2)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"ICY 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n\r\nno framing",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nshort",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\n folded\r\n\r\n",
+        None,
+    ],
+    ids=["status", "unframed", "short", "coding", "chunk-size", "folded", "closed"],
+)
+def test_an_answer_it_does_not_understand_raises_and_closes(
+    serve: Callable[..., ScriptedServer], answer: bytes | None
+) -> None:
+    server = serve(lambda head, body: answer)
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    before = _pool_size(session, url)
+    with pytest.raises(WireError):
+        round_trip(session, _prepared(url))
+    assert _pool_size(session, url) == before
+    server.script = lambda head, body: OK
+    assert round_trip(session, _prepared(url)) is not None  # a new connection
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "answer"),
+    [
+        ({"Range": "bytes=-100"}, b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n"),
+        ({"Range": "bytes=0-99"}, b"HTTP/1.1 200 OK\r\nContent-Length: 101\r\n\r\n"),
+        ({"Range": "bytes=-4"}, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n"),
+        ({}, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (ANSWER_LIMIT + 1)),
+    ],
+    ids=["range-ignored", "range-overrun", "chunked-overrun", "no-range"],
+)
+def test_a_body_longer_than_asked_for_is_not_read(
+    serve: Callable[..., ScriptedServer], headers: dict[str, str], answer: bytes
+) -> None:
+    server = serve(lambda head, body: answer)  # the body never comes: reading would hang
+    session = transport(_store(server.url, read_timeout=30).client)
+    with pytest.raises(WireError, match="more than the"):
+        round_trip(session, _prepared(f"{server.url}/bkt/k", **headers))
+
+
+def test_an_error_answer_longer_than_the_range_is_read_whole(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    error = b"<Error><Code>PermanentRedirect</Code></Error>"
+    moved = b"HTTP/1.1 301 Moved\r\nContent-Length: %d\r\n\r\n%b" % (len(error), error)
+    server = serve(lambda head, body: moved)
+    session = transport(_store(server.url).client)
+    got = round_trip(session, _prepared(f"{server.url}/bkt/k", Range="bytes=-8"))
+    assert got is not None and (got.status_code, got.content) == (301, error)
+
+
+def test_an_interrupt_mid_answer_leaves_with_the_connection_closed(
+    serve: Callable[..., ScriptedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lancetx.commit.storage.s3_lean import wire
+
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    assert round_trip(session, _prepared(url)) is not None
+    before = _pool_size(session, url)
+
+    def interrupted(self: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wire._Reader, "_fill", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        round_trip(session, _prepared(url))
+    monkeypatch.undo()
+    assert _pool_size(session, url) == before
+    assert round_trip(session, _prepared(url)) is not None
+    assert server.connections == 2  # the interrupted one was closed, not reused
+
+
+def test_a_silent_server_is_a_read_timeout(serve: Callable[..., ScriptedServer]) -> None:
+    hold = threading.Event()
+
+    def silent(head: bytes, body: bytes) -> bytes | None:
+        hold.wait(10)
+        return None
+
+    server = serve(silent)
+    session = transport(_store(server.url, read_timeout=0.2).client)
+    try:
+        with pytest.raises(WireError, match="timed out"):
+            round_trip(session, _prepared(f"{server.url}/bkt/k"))
+    finally:
+        hold.set()
+
+
+def test_a_final_answer_instead_of_continue_leaves_the_body_unsent(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    refused = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 6\r\n\r\ndenied"
+    server = serve(lambda head, body: refused if not body else OK, continue_first=False)
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    got = round_trip(session, _prepared(url, "PUT", b"a body", Expect=b"100-continue"))
+    assert got is not None and (got.status_code, got.content) == (403, b"denied")
+    assert not server.requests[0].endswith(b"a body")
+    assert round_trip(session, _prepared(url)) is not None
+    assert server.connections == 2  # the one whose body was never sent is not reused
+
+
+def test_a_lean_get_that_fails_on_the_wire_leaves_the_read_to_botocore(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    answers = iter([b"HTTP/1.1 200 OK\r\n\r\nunframed"])
+    tail = b"HTTP/1.1 206 Partial\r\nContent-Range: bytes 2-4/5\r\nContent-Length: 3\r\n\r\nllo"
+
+    def script(head: bytes, body: bytes) -> bytes:
+        return next(answers, tail)
+
+    server = serve(script)
+    store = _store(server.url)
+    gets = lean_gets(store.client, "bkt")
+    if gets.template() is None:
+        pytest.skip("no lean template for this client")
+    assert gets.get_tail("k", 3) is None  # the wire failed: the caller reads through botocore
+    assert store.get_tail("k", 3) == (b"llo", 5)
+    assert len(server.requests) == 2
+
+
+# ------------------------------------------------------------------ not the wire's
+
+
+def test_a_proxy_or_a_streamed_body_is_not_the_wires(
+    serve: Callable[..., ScriptedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    assert round_trip(session, _prepared(url, "PUT", iter([b"x"]))) is None
+    assert (
+        round_trip(session, _prepared(url, "PUT", b"x", **{"Transfer-Encoding": "chunked"})) is None
+    )
+    assert round_trip(object(), _prepared(url)) is None  # another HTTP client's session
+    for bad in ("a\r\nX-Injected: 1", "a\nb", "a\rb", "a\0b"):
+        with pytest.raises(WireError, match="cannot be sent as is"):
+            round_trip(session, _prepared(url, **{"X-Amz-Meta-A": bad}))
+    monkeypatch.setattr(session._proxy_config, "proxy_url_for", lambda url: "http://proxy:3128")
+    assert round_trip(session, _prepared(url)) is None
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("http://127.0.0.1:9000/b/k", "127.0.0.1:9000"),
+        ("https://s3.amazonaws.com:443/b/k", "s3.amazonaws.com"),
+        ("http://h:80/k", "h"),
+        ("http://[::1]:9000/k", "[::1]:9000"),
+    ],
+)
+def test_the_host_is_http_clients(url: str, host: str) -> None:
+    assert signed_host(url) == host
