@@ -59,6 +59,8 @@ class ScriptedServer:
         self.continue_first = continue_first
         self.requests: list[bytes] = []
         self.connections = 0
+        #: The server's end of each connection, in the order accepted.
+        self.accepted: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -75,6 +77,7 @@ class ScriptedServer:
             except OSError:
                 return
             self.connections += 1
+            self.accepted.append(conn)
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
 
     def _connection(self, conn: socket.socket) -> None:
@@ -458,3 +461,71 @@ def test_a_proxy_or_a_streamed_body_is_not_the_wires(
 )
 def test_the_host_is_http_clients(url: str, host: str) -> None:
     assert signed_host(url) == host
+
+
+# ------------------------------------------------------------------ attacks
+
+
+def test_a_stream_not_at_its_start_is_sent_from_where_it_stands(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    """botocore measures a stream's Content-Length from where it stands and the session
+    sends from there: the wire sends those bytes, not the stream's whole buffer (whose
+    first bytes would be stored and whose rest read as the next request)."""
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    for send in (session.send, lambda request: round_trip(session, request)):
+        stream = io.BytesIO(b"0123456789")
+        stream.read(4)
+        answer = send(_prepared(url, "PUT", stream))
+        assert answer is not None and answer.content == b"hello"
+    theirs, ours = server.requests
+    assert theirs.endswith(b"Content-Length: 6\r\n\r\n456789")
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("declared", ["99", "2"], ids=["longer", "shorter"])
+def test_a_content_length_other_than_the_bodys_is_not_sent(
+    serve: Callable[..., ScriptedServer], declared: str
+) -> None:
+    """A Content-Length that is not the body's (a ``before-send`` handler that changed
+    one of them) would leave the server waiting, or reading the rest of the body as
+    another request: the wire refuses it before taking a connection."""
+    server = serve()
+    session = transport(_store(server.url, read_timeout=2).client)
+    url = f"{server.url}/bkt/k"
+    before = _pool_size(session, url)
+    request = _prepared(url, "PUT", b"abc")
+    request.headers["Content-Length"] = declared
+    with pytest.raises(WireError, match="Content-Length"):
+        round_trip(session, request)
+    assert (server.requests, server.connections) == ([], 0)
+    assert _pool_size(session, url) == before
+
+
+STALE = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
+
+
+@pytest.mark.parametrize("when", ["with-the-answer", "after-the-answer"])
+def test_bytes_after_an_answer_are_never_the_next_answer(
+    serve: Callable[..., ScriptedServer], when: str
+) -> None:
+    """A server that sends a second answer nobody asked for (with the first, or later
+    on the idle pooled connection): the next request is never answered by it."""
+    from urllib3.util.wait import wait_for_read
+
+    together = when == "with-the-answer"
+    server = serve(lambda head, body: OK + STALE if together and b"/first " in head else OK)
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt"
+    first = round_trip(session, _prepared(f"{url}/first"))
+    assert first is not None and first.content == b"hello"
+    if not together:
+        pool = session._get_connection_manager(url, None).connection_from_url(url)
+        idle = next(conn for conn in list(pool.pool.queue) if conn is not None and conn.sock)
+        server.accepted[0].sendall(STALE)  # the server's end of the idle connection
+        assert wait_for_read(idle.sock, 10)  # there before the next request is sent
+    second = round_trip(session, _prepared(f"{url}/second"))
+    assert second is not None and second.content == b"hello"
+    assert server.connections == 2

@@ -234,12 +234,21 @@ def _request_head(method: str, url: str, headers: Any, body: bytes | None) -> by
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     lines = [f"{method} {target} HTTP/1.1", f"Host: {_host(parts)}"]
     names = set()
+    declared: str | None = None
     for name, value in headers.items():
         text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
         lines.append(f"{name}: {text}")
         names.add(str(name).lower())
+        if str(name).lower() == "content-length":
+            declared = text.strip()
     if "host" in names or "user-agent" not in names:
         raise WireError("a request that sets its own Host, or no User-Agent")
+    if declared is not None and declared != str(len(body or b"")):
+        # The server would wait for bytes never sent, or read the rest as the next
+        # request on the connection (and answer a request nobody made).
+        raise WireError(
+            f"a Content-Length of {declared!r} for a body of {len(body or b'')} bytes"
+        )
     # http.client's additions, in its place (after Host) and by its rules.
     if "accept-encoding" not in names:
         lines.insert(2, "Accept-Encoding: identity")
@@ -259,7 +268,9 @@ def _plain_body(prepared: Any) -> tuple[bool, bytes | None]:
     if body is None or isinstance(body, bytes):
         return True, body
     if isinstance(body, io.BytesIO):
-        return True, body.getvalue()
+        # From where the stream stands, as the session reads it (and as botocore
+        # measured its Content-Length), not from its start.
+        return True, body.getvalue()[body.tell() :]
     return False, None
 
 
