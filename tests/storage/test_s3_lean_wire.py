@@ -20,6 +20,7 @@ anything unusual on the wire an exception (the ordinary call then answers).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import ssl
@@ -81,6 +82,10 @@ class ScriptedServer:
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
 
     def _connection(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # a client that reset the connection
+            self._exchanges(conn)
+
+    def _exchanges(self, conn: socket.socket) -> None:
         if self.tls is not None:
             try:
                 conn = self.tls.wrap_socket(conn, server_side=True)
@@ -122,8 +127,8 @@ class ScriptedServer:
                 if answer is None:
                     return
                 conn.sendall(answer)
-                if b"connection: close" in answer.lower():
-                    return
+                if b"connection: close" in answer.lower() or b"x-then-close:" in answer.lower():
+                    return  # announced, or not (a test's marker the client ignores)
 
     def close(self) -> None:
         self._listener.close()
@@ -529,3 +534,120 @@ def test_bytes_after_an_answer_are_never_the_next_answer(
     second = round_trip(session, _prepared(f"{url}/second"))
     assert second is not None and second.content == b"hello"
     assert server.connections == 2
+
+
+def test_many_threads_on_a_small_pool_each_get_their_own_answer(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    """Threads share one client whose pool keeps two connections; the server names the
+    request in each answer and closes the connection after every third answer
+    without saying so. Each exchange gives its own request's answer or a WireError (a
+    connection taken before its close was seen), never another's, never a hang; the
+    pool keeps its size."""
+    lock = threading.Lock()
+    answered = [0]
+
+    def script(head: bytes, body: bytes) -> bytes:
+        path = head.split(b" ", 2)[1]
+        with lock:
+            answered[0] += 1
+            drop = answered[0] % 3 == 0
+        mark = b"X-Then-Close: 1\r\n" if drop else b""
+        return b"HTTP/1.1 200 OK\r\n%bContent-Length: %d\r\n\r\n%b" % (mark, len(path), path)
+
+    server = serve(script)
+    session = transport(_store(server.url, max_pool_connections=2).client)
+    errors: list[BaseException] = []
+    wrong: list[tuple[bytes, bytes]] = []
+    right = [0]
+
+    def worker(n: int) -> None:
+        for i in range(15):
+            path = f"/bkt/t{n}-{i}"
+            try:
+                answer = round_trip(session, _prepared(f"{server.url}{path}"))
+            except WireError:
+                continue
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+            if answer is None or answer.content != path.encode():
+                wrong.append((path.encode(), answer.content if answer else b""))
+            with lock:
+                right[0] += 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert (errors, wrong) == ([], [])
+    assert right[0] > 0 and server.connections > 2
+    assert _pool_size(session, f"{server.url}/bkt") == 2
+
+
+@pytest.mark.parametrize("where", ["connect", "_head", "_body", "_keeps_alive"])
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_at_each_step_leaves_the_pool_whole(
+    serve: Callable[..., ScriptedServer],
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    interrupt: type[BaseException],
+) -> None:
+    """An interrupt while connecting, reading the head, the body, or after the answer
+    was read: it leaves the exchange as it is, the connection is closed (never reused
+    with an answer half read) and the pool keeps its size."""
+    from botocore.awsrequest import AWSHTTPConnection
+
+    from lancetx.commit.storage.s3_lean import wire
+
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    if where != "connect":
+        assert round_trip(session, _prepared(url)) is not None  # a kept connection
+    before = _pool_size(session, url)
+
+    def interrupted(*_: Any, **__: Any) -> Any:
+        raise interrupt
+
+    owner: Any = AWSHTTPConnection if where == "connect" else wire
+    monkeypatch.setattr(owner, where, interrupted)
+    with pytest.raises(interrupt):
+        round_trip(session, _prepared(url))
+    monkeypatch.undo()
+    assert _pool_size(session, url) == before
+    answer = round_trip(session, _prepared(url))
+    assert answer is not None and answer.content == b"hello"
+    assert server.connections == (1 if where == "connect" else 2)
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_mid_answer_leaves_a_lean_write_and_a_lean_get(
+    aws: EmbeddedAws, bucket: str, monkeypatch: pytest.MonkeyPatch, interrupt: type[BaseException]
+) -> None:
+    """Not "no answer" (None, then botocore's call): the interrupt itself leaves, so
+    the caller's own handling (keep the files, say what settles it) runs."""
+    from lancetx.commit.storage.s3_lean import wire
+
+    store = S3ObjectStore(bucket, config=s3_config(aws.endpoint, max_attempts=1))
+    gets, writes = lean_gets(store.client, bucket), lean_writes(store.client, bucket)
+    assert writes.put("k/a", b"data") is not None and gets.template() is not None
+
+    def interrupted(*_: Any, **__: Any) -> Any:
+        raise interrupt
+
+    monkeypatch.setattr(wire, "_body", interrupted)
+    for call in (
+        lambda: writes.put("k/b", b"data"),
+        lambda: writes.copy("k/a", "k/c"),
+        lambda: writes.delete("k/a"),
+        lambda: gets.get_tail("k/a", 2),
+    ):
+        with pytest.raises(interrupt):
+            call()
+    monkeypatch.undo()
+    # Each request was sent and answered (the interrupt came as the body was read).
+    assert gets.get_tail("k/c", 2) == (b"ta", 4)
+    assert gets.get_tail("k/a", 2) is None  # deleted: 404, read the ordinary way
