@@ -313,8 +313,17 @@ def test_answers_are_read_whole(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\n folded\r\n\r\n",
         None,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0_3\r\nabc\r\n0\r\n\r\n",
     ],
-    ids=["status", "unframed", "short", "coding", "chunk-size", "folded", "closed"],
+    ids=[
+        *("status", "unframed", "short", "coding", "chunk-size", "folded", "closed"),
+        *("two-lengths", "length-and-chunked", "chunk-0x", "chunk-sign", "chunk-underscore"),
+    ],
 )
 def test_an_answer_it_does_not_understand_raises_and_closes(
     serve: Callable[..., ScriptedServer], answer: bytes | None

@@ -56,6 +56,7 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 #: The most of an answer's body read for a request without a range (S3 answers a
 #: write with a few hundred bytes; anything longer is left to the ordinary path).
 ANSWER_LIMIT: Final = 1 << 20
+_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _RANGE: Final = re.compile(r"^\s*bytes=(?:-(?P<suffix>\d+)|(?P<first>\d+)-(?P<last>\d+))\s*$")
 
 
@@ -188,12 +189,10 @@ def _chunked(reader: _Reader, limit: int) -> bytes:
     read = 0
     while True:
         size_line = reader.readline().split(b";", 1)[0].strip()
-        try:
-            size = int(size_line, 16)
-        except ValueError:
-            raise WireError(f"not a chunk size: {size_line[:40]!r}") from None
-        if size < 0:
-            raise WireError("a negative chunk size")
+        # Hex digits only (``int`` would also take a sign, ``0x`` and ``_``).
+        if _CHUNK_SIZE.fullmatch(size_line) is None:
+            raise WireError(f"not a chunk size: {size_line[:40]!r}")
+        size = int(size_line, 16)
         if size == 0:
             _headers(reader)  # trailers, if any, then the blank line
             return b"".join(parts)
@@ -210,6 +209,9 @@ def _body(
     if method == "HEAD" or status in (204, 304):
         return b""
     coding = headers.get("transfer-encoding")
+    if coding is not None and "content-length" in headers:
+        # Two framings: which one the server meant is a guess (RFC 9112 6.3: an error).
+        raise WireError("an answer framed by both Transfer-Encoding and Content-Length")
     if coding is not None:
         if coding.strip().lower() != "chunked":
             raise WireError(f"a transfer coding other than chunked: {coding!r}")
