@@ -696,3 +696,154 @@ def test_keys_of_any_characters_reach_the_same_object(
         assert writes.delete(key) is True, key
     listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="t/")
     assert sorted(o["Key"] for o in listed["Contents"]) == sorted(k + ".copy" for k in NASTY_KEYS)
+
+
+# ------------------------------------------------------------------ in a commit
+
+
+class _CutSocket:
+    """A socket whose answer ends ``where`` the test says, as if the server closed
+    there: before its first byte, mid status line, one byte short of the end of its
+    head, or halfway through its body (an answer without a body is then whole)."""
+
+    def __init__(self, sock: Any, where: str, cut: list[str]) -> None:
+        self._sock = sock
+        self._where = where
+        self._cut = cut
+        self._buffer = b""
+        self._left: int | None = None
+
+    def _plan(self) -> int:
+        while b"\r\n\r\n" not in self._buffer:
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise AssertionError("the server closed before answering")
+            self._buffer += chunk
+        head = self._buffer.index(b"\r\n\r\n") + 4
+        lines = self._buffer[:head].decode("latin-1").lower().split("\r\n")
+        length = next((int(v.split(":")[1]) for v in lines if v.startswith("content-length:")), 0)
+        cut = {"nothing": 0, "status-line": 8, "head": head - 1, "body": head + length // 2}
+        if self._where == "body" and length < 2:
+            return 1 << 30  # nothing to cut in
+        self._cut.append(self._where)
+        return cut[self._where]
+
+    def recv(self, size: int) -> bytes:
+        if self._left is None:
+            self._left = self._plan()
+        if self._left <= 0:
+            return b""
+        if not self._buffer:
+            self._buffer = bytes(self._sock.recv(65536))
+        data = self._buffer[: min(size, self._left)]
+        self._buffer = self._buffer[len(data) :]
+        self._left -= len(data)
+        return data
+
+
+class CutAnswers:
+    """Cuts the answer to the next lean request that ``match`` (method, URL, headers)
+    picks (see :class:`_CutSocket`); the request itself is sent whole (it lands)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+        from lancetx.commit.storage.s3_lean import wire
+
+        self.match: Callable[[str, str, Any], bool] | None = None
+        #: The requests picked, and those whose answer was cut.
+        self.picked: list[str] = []
+        self.cut: list[str] = []
+        self._current = threading.local()
+        head, reader = wire._request_head, wire._Reader
+
+        def request_head(method: str, url: str, headers: Any, body: bytes | None) -> bytes:
+            match = self.match
+            self._current.pick = match is not None and match(method, url, headers)
+            if self._current.pick:
+                self.match = None
+                self.picked.append(method)
+            return head(method, url, headers, body)
+
+        def cut_reader(sock: Any) -> Any:
+            if getattr(self._current, "pick", False):
+                return reader(_CutSocket(sock, where, self.cut))
+            return reader(sock)
+
+        monkeypatch.setattr(wire, "_request_head", request_head)
+        monkeypatch.setattr(wire, "_Reader", cut_reader)
+
+
+def _lean_of(write: str) -> Callable[[str, str, Any], bool]:
+    def copying(headers: Any) -> bool:
+        return any(str(name).lower() == "x-amz-copy-source" for name in headers)
+
+    return {
+        "transaction file": lambda m, u, h: m == "PUT" and "/_transactions/" in u,
+        "staged manifest": lambda m, u, h: m == "PUT" and "/_versions/" in u and not copying(h),
+        "copy": lambda m, u, h: m == "PUT" and copying(h),
+        "staged delete": lambda m, u, h: m == "DELETE" and "/_versions/" in u,
+        "catch-up read": lambda m, u, h: m == "GET",
+    }[write]
+
+
+@pytest.mark.parametrize("where", ["nothing", "status-line", "head", "body"])
+def test_a_commit_whose_lean_answers_are_cut_short_lands_once(
+    aws: EmbeddedAws,
+    bucket: str,
+    ddb_table_name: str,
+    s3_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """Appends through the Table API while, in turn, the answer to each of a commit's
+    lean requests (its transaction file, staged manifest, copy, staged delete, and a
+    read of versions pylance committed, as the writer catches up) is cut short —
+    before its first byte, mid status line, at the end of its head, mid body — and the
+    connection closes.
+    Every append lands once, every version opens with pylance, no staged manifest is
+    left and no file of a landed version is gone."""
+    import lance
+    import pyarrow as pa
+    from claim_faults import check_every_version_opens
+    from protocol_helpers import ddb_uri, ensure_ddb_table
+
+    import lancetx
+
+    options = {**aws.pylance_storage_options(), "max_attempts": "1"}
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "t.lance", ddb_table_name)
+
+    def rows(start: int) -> Any:
+        return pa.table({"id": pa.array(range(start, start + 10), pa.int64())})
+
+    lancetx.write_table(uri, rows(0), storage_options=options)
+    held = lancetx.open(uri, storage_options=options)
+    held.append(rows(10))  # learned and connected: the next appends are the plain ones
+    cutter = CutAnswers(monkeypatch, where)
+    start = 20
+    for write in ("transaction file", "staged manifest", "copy", "staged delete"):
+        cutter.match = _lean_of(write)
+        held.append(rows(start))
+        start += 10
+        assert cutter.match is None, f"no lean {write} was sent"
+    # Versions pylance commits: their manifests are read (lean, several at once) as the
+    # writer catches up.
+    for _ in range(2):
+        lance.write_dataset(rows(start), uri, mode="append", storage_options=options)
+        start += 10
+    cutter.match = _lean_of("catch-up read")
+    held.append(rows(start))
+    start += 10
+    assert cutter.match is None, "no lean read as the writer caught up"
+    monkeypatch.undo()
+    assert cutter.picked == ["PUT", "PUT", "PUT", "DELETE", "GET"]
+    # (a write's answer has no body to cut: the copy's and the read's have)
+    assert len(cutter.cut) == (2 if where == "body" else 5)
+    assert held.version == 9
+    plain = aws.pylance_storage_options()
+    assert check_every_version_opens(uri, plain) == {v: 10 * v for v in range(1, 10)}
+    ids = lance.dataset(uri, storage_options=plain).to_table().column("id").to_pylist()
+    assert sorted(ids) == list(range(start))
+    pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    keys = {o["Key"] for page in pages for o in page.get("Contents", [])}
+    assert not [k for k in keys if "/_versions/" in k and not k.endswith(".manifest")]
+    assert len([k for k in keys if "/_transactions/" in k]) == 9
