@@ -698,6 +698,46 @@ def test_keys_of_any_characters_reach_the_same_object(
     assert sorted(o["Key"] for o in listed["Contents"]) == sorted(k + ".copy" for k in NASTY_KEYS)
 
 
+
+class _Recording:
+    """A pooled connection's socket, recording the size of each write."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.writes: list[int] = []
+
+    def sendall(self, data: Any) -> None:
+        self.writes.append(len(data))
+        self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_a_large_body_is_written_a_block_at_a_time(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    """The socket's timeout applies to each write: the session writes a body a block at
+    a time, so a large body is never held to one timeout for all of it (a slow link
+    would time every lean PUT of a few MiB out, and send it twice)."""
+    server = serve()
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    assert round_trip(session, _prepared(url)) is not None
+    pool = session._get_connection_manager(url, None).connection_from_url(url)
+    idle = next(conn for conn in list(pool.pool.queue) if conn is not None and conn.sock)
+    recording = idle.sock = _Recording(idle.sock)
+    body = bytes(range(256)) * (8 << 12)  # 8 MiB, as a lean PUT's (botocore's) stream
+    for send in (session.send, lambda request: round_trip(session, request)):
+        recording.writes.clear()
+        answer = send(_prepared(url, "PUT", io.BytesIO(body)))
+        assert answer is not None and answer.content == b"hello"
+        assert server.requests[-1].endswith(body)
+        assert sum(recording.writes) == len(server.requests[-1])
+        assert max(recording.writes) <= idle.blocksize
+    assert server.connections == 1  # both on the recorded connection
+
+
 # ------------------------------------------------------------------ in a commit
 
 

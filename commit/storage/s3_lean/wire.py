@@ -48,6 +48,9 @@ _LINE_LIMIT: Final = 65536
 _HEAD_LIMIT: Final = 256 * 1024
 #: What one ``recv`` asks for.
 _CHUNK: Final = 65536
+#: The most one write to the socket is given (urllib3's own block, where the connection
+#: does not say): the socket's timeout applies to each write.
+_BLOCK: Final = 16384
 #: How long botocore waits for an interim ``100 Continue`` before sending the body.
 _EXPECT_WAIT: Final = 1.0
 #: Methods ``http.client`` sends ``Content-Length: 0`` for when there is no body.
@@ -303,6 +306,17 @@ def _timeouts(pool: Any) -> tuple[float | None, float | None]:
     )
 
 
+def _send(sock: Any, data: bytes, block: int) -> None:
+    """``data`` written ``block`` bytes at a time: each block gets the whole timeout, as
+    each of the session's writes does (a large body is not held to one timeout)."""
+    if len(data) <= block:
+        sock.sendall(data)
+        return
+    view = memoryview(data)
+    for start in range(0, len(view), block):
+        sock.sendall(view[start : start + block])
+
+
 def round_trip(session: Any, prepared: Any) -> WireResponse | None:
     """Send ``prepared`` (botocore's prepared request) on a connection of ``session``'s
     pool and read the answer; None: this module does not send it (see the module
@@ -341,6 +355,7 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
             conn.connect()
         sock = conn.sock
         sock.settimeout(read_timeout)
+        block = int(getattr(conn, "blocksize", _BLOCK) or _BLOCK)
         reader = _Reader(sock)
         answer = None
         if expect and body:
@@ -354,9 +369,9 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
                 if status != 100:
                     answer = (version, status, found, False)
             if answer is None:
-                sock.sendall(body)
+                _send(sock, body, block)
         else:
-            sock.sendall(head + (body or b""))
+            _send(sock, head + (body or b""), block)
         if answer is None:
             version, status, found = _head(reader)
             while 100 <= status < 200:  # interim answers (http.client skips them too)
