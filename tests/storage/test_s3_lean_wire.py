@@ -738,6 +738,28 @@ def test_a_large_body_is_written_a_block_at_a_time(
     assert server.connections == 1  # both on the recorded connection
 
 
+
+def test_a_connection_the_server_closed_while_idle_is_not_used(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    """A server that closes kept-alive connections between requests (without saying
+    so in its answer): the next request goes on a new connection, not into the closed
+    one (no WireError, no request more)."""
+    from urllib3.util.wait import wait_for_read
+
+    dropped = b"HTTP/1.1 200 OK\r\nX-Then-Close: 1\r\nContent-Length: 5\r\n\r\nhello"
+    server = serve(lambda head, body: dropped)
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    for _ in range(3):
+        answer = round_trip(session, _prepared(url))
+        assert answer is not None and answer.content == b"hello"
+        pool = session._get_connection_manager(url, None).connection_from_url(url)
+        idle = next(conn for conn in list(pool.pool.queue) if conn is not None and conn.sock)
+        assert wait_for_read(idle.sock, 10)  # its close has arrived
+    assert (len(server.requests), server.connections) == (3, 3)
+
+
 # ------------------------------------------------------------------ in a commit
 
 
