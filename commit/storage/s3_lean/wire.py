@@ -19,7 +19,7 @@ headers in their order, ``Content-Length: 0`` on a bodiless PUT, and where botoc
 connection would wait for ``100 Continue`` before a body, its wait of up to a second) and
 reads the
 answer: the status line, the headers, a body framed by ``Content-Length`` or chunked
-transfer coding, or none (``204``, ``304``), never longer than the range a GET asks
+transfer coding (never both), or none (``204``, ``304``), never longer than the range a GET asks
 for (a success), or than :data:`ANSWER_LIMIT` (any other answer).
 
 It returns None when it is not the one to send the request (a proxy, a session of
@@ -251,9 +251,7 @@ def _request_head(method: str, url: str, headers: Any, body: bytes | None) -> by
     if declared is not None and declared != str(len(body or b"")):
         # The server would wait for bytes never sent, or read the rest as the next
         # request on the connection (and answer a request nobody made).
-        raise WireError(
-            f"a Content-Length of {declared!r} for a body of {len(body or b'')} bytes"
-        )
+        raise WireError(f"a Content-Length of {declared!r} for a body of {len(body or b'')} bytes")
     # http.client's additions, in its place (after Host) and by its rules.
     if "accept-encoding" not in names:
         lines.insert(2, "Accept-Encoding: identity")
