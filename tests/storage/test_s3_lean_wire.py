@@ -914,3 +914,61 @@ def test_a_commit_whose_lean_answers_are_cut_short_lands_once(
     keys = {o["Key"] for page in pages for o in page.get("Contents", [])}
     assert not [k for k in keys if "/_versions/" in k and not k.endswith(".manifest")]
     assert len([k for k in keys if "/_transactions/" in k]) == 9
+
+
+@pytest.mark.parametrize("write", ["transaction file", "staged manifest", "copy", "staged delete"])
+def test_an_interrupt_as_a_commits_lean_answer_is_read_keeps_a_landed_claims_files(
+    aws: EmbeddedAws,
+    bucket: str,
+    ddb_table_name: str,
+    s3_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    write: str,
+) -> None:
+    """Ctrl-C while the answer to one of a commit's lean writes is read (the write has
+    landed): the append leaves with the interrupt. Before the claim nothing is
+    committed; after it (the copy, the staged delete) the version is there for
+    pylance with all its rows: no file of the landed claim was deleted."""
+    import lance
+    import pyarrow as pa
+    from claim_faults import check_every_version_opens
+    from protocol_helpers import ddb_uri, ensure_ddb_table
+
+    import lancetx
+    from lancetx.commit.storage.s3_lean import wire
+
+    options = {**aws.pylance_storage_options(), "max_attempts": "1"}
+    ensure_ddb_table(options, ddb_table_name)
+    uri = ddb_uri(bucket, "t.lance", ddb_table_name)
+    rows = [pa.table({"id": pa.array(range(n, n + 10), pa.int64())}) for n in (0, 10, 20)]
+    lancetx.write_table(uri, rows[0], storage_options=options)
+    held = lancetx.open(uri, storage_options=options)
+    held.append(rows[1])
+    match = _lean_of(write)
+    picked = threading.local()
+    head, body = wire._request_head, wire._body
+
+    def request_head(method: str, url: str, headers: Any, data: bytes | None) -> bytes:
+        picked.now = match(method, url, headers)
+        return head(method, url, headers, data)
+
+    def interrupted_body(*args: Any) -> bytes:
+        if getattr(picked, "now", False):
+            raise KeyboardInterrupt
+        return body(*args)
+
+    monkeypatch.setattr(wire, "_request_head", request_head)
+    monkeypatch.setattr(wire, "_body", interrupted_body)
+    with pytest.raises(KeyboardInterrupt):
+        held.append(rows[2])
+    monkeypatch.undo()
+    landed = write in ("copy", "staged delete")
+    plain = aws.pylance_storage_options()
+    expected = {1: 10, 2: 20, **({3: 30} if landed else {})}
+    assert check_every_version_opens(uri, plain) == expected
+    if landed:
+        ids = lance.dataset(uri, storage_options=plain).to_table().column("id").to_pylist()
+        assert sorted(ids) == list(range(30))
+    # The writer goes on from what is there.
+    lancetx.open(uri, storage_options=options).append(rows[2])
+    assert lance.dataset(uri, storage_options=plain).count_rows() == (40 if landed else 30)
