@@ -14,7 +14,8 @@ anything unusual on the wire an exception (the ordinary call then answers).
   a :class:`WireError`, the connection closed, the pool's size kept; the lean GET then
   gives None, the store's read goes through botocore;
 * an interrupt mid-answer leaves, the connection closed and the pool's size kept;
-* a final answer instead of ``100 Continue``: the body is not sent, the connection closed;
+* a final answer instead of ``100 Continue``: the body is not sent, the connection closed
+  (and a success then is no success: a WireError);
 * a proxy, a streamed body, another HTTP client: not the wire's request (None);
 * attacks: a stream not at its start is sent from where it stands, a Content-Length
   other than the body's is refused, two framings or a chunk size that is not plain hex
@@ -428,6 +429,22 @@ def test_a_final_answer_instead_of_continue_leaves_the_body_unsent(
     assert not server.requests[0].endswith(b"a body")
     assert round_trip(session, _prepared(url)) is not None
     assert server.connections == 2  # the one whose body was never sent is not reused
+
+
+def test_a_success_instead_of_continue_is_no_success(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    """A 2xx final answer before the body went out (the server never read it): not a
+    write that landed; the body is not sent and the exchange fails (the ordinary
+    call answers)."""
+    server = serve(lambda head, body: OK, continue_first=False)
+    session = transport(_store(server.url).client)
+    url = f"{server.url}/bkt/k"
+    before = _pool_size(session, url)
+    with pytest.raises(WireError, match="before the request's body was sent"):
+        round_trip(session, _prepared(url, "PUT", b"a body", Expect=b"100-continue"))
+    assert not server.requests[0].endswith(b"a body")
+    assert _pool_size(session, url) == before
 
 
 def test_a_lean_get_that_fails_on_the_wire_leaves_the_read_to_botocore(

@@ -376,6 +376,10 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
                 version, status, found = _head(reader)
             answer = (version, status, found, True)
         version, status, found, body_sent = answer
+        if not body_sent and 200 <= status < 300:
+            # A refusal before the body makes sense; a success for a body never sent
+            # would be a write taken as done that holds none of its bytes.
+            raise WireError(f"a {status} answer before the request's body was sent")
         # A success carries at most the range asked for; an error its own short body.
         limit = _answer_limit(headers) if 200 <= status < 300 else ANSWER_LIMIT
         content = _body(reader, method, status, found, limit)
