@@ -273,7 +273,8 @@ def _plain_body(prepared: Any) -> tuple[bool, bytes | None]:
     if isinstance(body, io.BytesIO):
         # From where the stream stands, as the session reads it (and as botocore
         # measured its Content-Length), not from its start.
-        return True, body.getvalue()[body.tell() :]
+        data, start = body.getvalue(), body.tell()
+        return True, data[start:] if start else data
     return False, None
 
 
