@@ -305,14 +305,17 @@ def _timeouts(pool: Any) -> tuple[float | None, float | None]:
     )
 
 
-def _send(sock: Any, data: bytes, block: int) -> None:
-    """``data`` written ``block`` bytes at a time: each block gets the whole timeout, as
-    each of the session's writes does (a large body is not held to one timeout)."""
-    if len(data) <= block:
-        sock.sendall(data)
+def _send(sock: Any, head: bytes, body: bytes, block: int) -> None:
+    """``head`` then ``body``, written ``block`` bytes at a time: each write gets the
+    whole timeout, as each of the session's writes does (a large body is not held to
+    one timeout for all of it)."""
+    if len(head) + len(body) <= block:
+        sock.sendall(head + body)
         return
-    view = memoryview(data)
-    for start in range(0, len(view), block):
+    view = memoryview(body)
+    first = max(block - len(head), 0)
+    sock.sendall(head + view[:first])
+    for start in range(first, len(view), block):
         sock.sendall(view[start : start + block])
 
 
@@ -368,9 +371,9 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
                 if status != 100:
                     answer = (version, status, found, False)
             if answer is None:
-                _send(sock, body, block)
+                _send(sock, b"", body, block)
         else:
-            _send(sock, head + (body or b""), block)
+            _send(sock, head, body or b"", block)
         if answer is None:
             version, status, found = _head(reader)
             while 100 <= status < 200:  # interim answers (http.client skips them too)
