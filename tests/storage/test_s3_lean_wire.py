@@ -228,10 +228,16 @@ def test_over_tls_the_bytes_and_the_trust_are_the_sessions(
     assert got is not None and (got.status_code, got.content) == (200, b"hello")
     theirs, ours = server.requests
     assert ours == theirs
+    # A body of many blocks, written through TLS as the session writes it.
+    body = bytes(range(256)) * 4096
+    for send in (session.send, lambda request: round_trip(session, request)):
+        answer = send(_prepared(url, "PUT", io.BytesIO(body)))
+        assert answer is not None and answer.content == b"hello"
+    assert server.requests[2].endswith(body) and server.requests[3] == server.requests[2]
     # A session that does not trust the certificate refuses it on the wire too.
     with pytest.raises(Exception, match=r"(?i)certificate"):
         round_trip(URLLib3Session(), _prepared(url))
-    assert len(server.requests) == 2
+    assert len(server.requests) == 4
 
 
 def test_a_lean_get_and_each_lean_write_bypass_botocores_session(
