@@ -19,7 +19,7 @@ headers in their order, ``Content-Length: 0`` on a bodiless PUT, and where botoc
 connection would wait for ``100 Continue`` before a body, its wait of up to a second) and
 reads the
 answer: the status line, the headers, a body framed by ``Content-Length`` or chunked
-transfer coding, or none (``204``, ``304``), never longer than the range a GET asks
+transfer coding (never both), or none (``204``, ``304``), never longer than the range a GET asks
 for (a success), or than :data:`ANSWER_LIMIT` (any other answer).
 
 It returns None when it is not the one to send the request (a proxy, a session of
@@ -48,6 +48,9 @@ _LINE_LIMIT: Final = 65536
 _HEAD_LIMIT: Final = 256 * 1024
 #: What one ``recv`` asks for.
 _CHUNK: Final = 65536
+#: The most one write to the socket is given (urllib3's own block, where the connection
+#: does not say): the socket's timeout applies to each write.
+_BLOCK: Final = 16384
 #: How long botocore waits for an interim ``100 Continue`` before sending the body.
 _EXPECT_WAIT: Final = 1.0
 #: Methods ``http.client`` sends ``Content-Length: 0`` for when there is no body.
@@ -56,6 +59,7 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 #: The most of an answer's body read for a request without a range (S3 answers a
 #: write with a few hundred bytes; anything longer is left to the ordinary path).
 ANSWER_LIMIT: Final = 1 << 20
+_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _RANGE: Final = re.compile(r"^\s*bytes=(?:-(?P<suffix>\d+)|(?P<first>\d+)-(?P<last>\d+))\s*$")
 
 
@@ -188,12 +192,10 @@ def _chunked(reader: _Reader, limit: int) -> bytes:
     read = 0
     while True:
         size_line = reader.readline().split(b";", 1)[0].strip()
-        try:
-            size = int(size_line, 16)
-        except ValueError:
-            raise WireError(f"not a chunk size: {size_line[:40]!r}") from None
-        if size < 0:
-            raise WireError("a negative chunk size")
+        # Hex digits only (``int`` would also take a sign, ``0x`` and ``_``).
+        if _CHUNK_SIZE.fullmatch(size_line) is None:
+            raise WireError(f"not a chunk size: {size_line[:40]!r}")
+        size = int(size_line, 16)
         if size == 0:
             _headers(reader)  # trailers, if any, then the blank line
             return b"".join(parts)
@@ -210,6 +212,9 @@ def _body(
     if method == "HEAD" or status in (204, 304):
         return b""
     coding = headers.get("transfer-encoding")
+    if coding is not None and "content-length" in headers:
+        # Two framings: which one the server meant is a guess (RFC 9112 6.3: an error).
+        raise WireError("an answer framed by both Transfer-Encoding and Content-Length")
     if coding is not None:
         if coding.strip().lower() != "chunked":
             raise WireError(f"a transfer coding other than chunked: {coding!r}")
@@ -234,12 +239,19 @@ def _request_head(method: str, url: str, headers: Any, body: bytes | None) -> by
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     lines = [f"{method} {target} HTTP/1.1", f"Host: {_host(parts)}"]
     names = set()
+    declared: str | None = None
     for name, value in headers.items():
         text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
         lines.append(f"{name}: {text}")
         names.add(str(name).lower())
+        if str(name).lower() == "content-length":
+            declared = text.strip()
     if "host" in names or "user-agent" not in names:
         raise WireError("a request that sets its own Host, or no User-Agent")
+    if declared is not None and declared != str(len(body or b"")):
+        # The server would wait for bytes never sent, or read the rest as the next
+        # request on the connection (and answer a request nobody made).
+        raise WireError(f"a Content-Length of {declared!r} for a body of {len(body or b'')} bytes")
     # http.client's additions, in its place (after Host) and by its rules.
     if "accept-encoding" not in names:
         lines.insert(2, "Accept-Encoding: identity")
@@ -259,7 +271,10 @@ def _plain_body(prepared: Any) -> tuple[bool, bytes | None]:
     if body is None or isinstance(body, bytes):
         return True, body
     if isinstance(body, io.BytesIO):
-        return True, body.getvalue()
+        # From where the stream stands, as the session reads it (and as botocore
+        # measured its Content-Length), not from its start.
+        data, start = body.getvalue(), body.tell()
+        return True, data[start:] if start else data
     return False, None
 
 
@@ -288,6 +303,20 @@ def _timeouts(pool: Any) -> tuple[float | None, float | None]:
         Timeout.resolve_default_timeout(timeout.connect_timeout),
         Timeout.resolve_default_timeout(timeout.read_timeout),
     )
+
+
+def _send(sock: Any, head: bytes, body: bytes, block: int) -> None:
+    """``head`` then ``body``, written ``block`` bytes at a time: each write gets the
+    whole timeout, as each of the session's writes does (a large body is not held to
+    one timeout for all of it)."""
+    if len(head) + len(body) <= block:
+        sock.sendall(head + body)
+        return
+    view = memoryview(body)
+    first = max(block - len(head), 0)
+    sock.sendall(head + view[:first])
+    for start in range(first, len(view), block):
+        sock.sendall(view[start : start + block])
 
 
 def round_trip(session: Any, prepared: Any) -> WireResponse | None:
@@ -328,6 +357,7 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
             conn.connect()
         sock = conn.sock
         sock.settimeout(read_timeout)
+        block = int(getattr(conn, "blocksize", _BLOCK) or _BLOCK)
         reader = _Reader(sock)
         answer = None
         if expect and body:
@@ -341,15 +371,19 @@ def round_trip(session: Any, prepared: Any) -> WireResponse | None:
                 if status != 100:
                     answer = (version, status, found, False)
             if answer is None:
-                sock.sendall(body)
+                _send(sock, b"", body, block)
         else:
-            sock.sendall(head + (body or b""))
+            _send(sock, head, body or b"", block)
         if answer is None:
             version, status, found = _head(reader)
             while 100 <= status < 200:  # interim answers (http.client skips them too)
                 version, status, found = _head(reader)
             answer = (version, status, found, True)
         version, status, found, body_sent = answer
+        if not body_sent and 200 <= status < 300:
+            # A refusal before the body makes sense; a success for a body never sent
+            # would be a write taken as done that holds none of its bytes.
+            raise WireError(f"a {status} answer before the request's body was sent")
         # A success carries at most the range asked for; an error its own short body.
         limit = _answer_limit(headers) if 200 <= status < 300 else ANSWER_LIMIT
         content = _body(reader, method, status, found, limit)
