@@ -24,7 +24,9 @@ from ``Committed.attempts - 1``), requests per commit (by operation),
 and correctness checked with pylance: versions 1..N+1 with no gap, every
 acknowledged (writer, seq) batch present exactly once (and each acknowledged
 delete's batch gone); CPU seconds per acknowledged commit (the writer processes'
-``time.process_time``, pylance's Rust threads included; processes mode only);
+``time.process_time``, pylance's Rust threads included; processes mode only)
+and the server's (this process's ``time.process_time`` while the writers run:
+it only serves meanwhile; moto answers one request at a time);
 and claimants per round: how many conditional PutItems the server saw per
 version (1 = nobody lost that round).
 
@@ -118,6 +120,9 @@ class Run:
     expected_rows: int = 0
     workload: str = "appends"
     cpu_seconds: float = 0.0
+    #: The server's CPU seconds while the writers ran (this process: it only
+    #: serves meanwhile; processes mode only).
+    server_cpu_seconds: float = 0.0
     #: Conditional PutItems per claimed version, for this run's table.
     claimants: list[int] = field(default_factory=list)
     #: Which of the paired runs (``--repeats``) this one belongs to.
@@ -162,6 +167,10 @@ class Run:
         commits = len(self.committed)
         return self.cpu_seconds / commits if commits else float("nan")
 
+    def server_cpu_per_commit(self) -> float:
+        commits = len(self.committed)
+        return self.server_cpu_seconds / commits if commits else float("nan")
+
     def claimant_histogram(self) -> dict[int, int]:
         """claimants per round → rounds."""
         return dict(sorted(Counter(self.claimants).items()))
@@ -196,6 +205,8 @@ class Run:
             "latencies_ms": lat,
             "cpu_seconds": self.cpu_seconds,
             "cpu_ms_per_commit": 1000 * self.cpu_per_commit(),
+            "server_cpu_seconds": self.server_cpu_seconds,
+            "server_cpu_ms_per_commit": 1000 * self.server_cpu_per_commit(),
             "claimants_per_round": self.claimant_histogram(),
             "claimants_mean": statistics.fmean(self.claimants) if self.claimants else None,
         }
@@ -608,10 +619,11 @@ def writer_main(task: WriterTask, ready: Any, go: Any, out: Any) -> None:
 
 def race(
     mode: str, tasks: Sequence[WriterTask], counter: ServerCounter
-) -> tuple[list[Append], float, list[Request], float]:
+) -> tuple[list[Append], float, list[Request], float, float]:
     """Run the writers, released together; their appends, the wall time, the
-    requests the server saw between the release and the last writer's end, and
-    the writers' CPU seconds (meaningful in processes mode only)."""
+    requests the server saw between the release and the last writer's end, the
+    writers' CPU seconds and this process's (the server's) over the same span
+    (both meaningful in processes mode only)."""
     n = len(tasks)
     workers: list[threading.Thread | BaseProcess]
     if mode == "threads":
@@ -630,6 +642,7 @@ def race(
     counter.take()  # setup requests (connect, DescribeTable, warm-up reads) are not counted
     go.wait(BARRIER_TIMEOUT)
     started = time.time()
+    server_cpu = time.process_time()
     appends: list[Append] = []
     ended = started
     cpu_total = 0.0
@@ -638,10 +651,11 @@ def race(
         appends += [Append(**r) for r in results]
         ended = max(ended, finished)
         cpu_total += cpu
+    server_cpu = time.process_time() - server_cpu
     seen = counter.take()
     for worker in workers:
         worker.join()
-    return appends, ended - started, seen, cpu_total
+    return appends, ended - started, seen, cpu_total, server_cpu
 
 
 def inspect_table(
@@ -680,7 +694,9 @@ def run_one(
         )
         for i in range(writers)
     ]
-    run.appends, run.wall_seconds, seen, run.cpu_seconds = race(mode, tasks, counter)
+    run.appends, run.wall_seconds, seen, run.cpu_seconds, run.server_cpu_seconds = race(
+        mode, tasks, counter
+    )
     run.claims = sum(1 for r in seen if r.claim)
     run.requests = len(seen)
     run.operations = Counter(r.operation for r in seen)
@@ -734,7 +750,7 @@ def run_anchor(
     tasks = [
         WriterTask("pylance-s3", uri, options, f"plain-{i}", appends, rows) for i in range(writers)
     ]
-    appends_done, wall, _, _ = race(mode, tasks, counter)
+    appends_done, wall, _, _, _ = race(mode, tasks, counter)
     acked = {(a.writer, a.seq) for a in appends_done if a.ok}
     _, present, _ = inspect_table(uri, options)
     ds = lance.dataset(uri, storage_options=options)
@@ -772,6 +788,7 @@ def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
                     fmt(max(client)) if client else "-",
                     fmt(r.requests / max(1, len(r.committed))),
                     fmt(1000 * r.cpu_per_commit()),
+                    fmt(1000 * r.server_cpu_per_commit()),
                     fmt(statistics.fmean(r.claimants), 2) if r.claimants else "-",
                     fmt(max(r.claimants)) if r.claimants else "-",
                     "yes" if r.linear() else "NO",
@@ -794,6 +811,7 @@ def report(runs: Sequence[Run], anchors: Sequence[Anchor]) -> str:
                     "max retries",
                     "requests/commit",
                     "CPU ms/commit",
+                    "server CPU ms/commit",
                     "claimants/round",
                     "max claimants",
                     "versions 1..n, no gap",
