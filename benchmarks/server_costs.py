@@ -57,18 +57,9 @@ def _client(endpoint: str, requests: int, conn: Connection) -> None:
 
     ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    ddb.create_table(
-        TableName=TABLE,
-        KeySchema=[
-            {"AttributeName": "base_uri", "KeyType": "HASH"},
-            {"AttributeName": "version", "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[
-            {"AttributeName": "base_uri", "AttributeType": "S"},
-            {"AttributeName": "version", "AttributeType": "N"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    from lancetx.externalstore.dynamodb.plans import create_table_request
+
+    ddb.create_table(**create_table_request(TABLE))  # Lance's layout, as lancetx makes it
     s3.create_bucket(Bucket=BUCKET)
     for v in range(1, 200):
         ddb.put_item(TableName=TABLE, Item=_item(v))
