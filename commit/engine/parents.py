@@ -11,6 +11,7 @@ latest version without importing the engine that builds, checks and claims manif
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from lancetx.commit.engine.effects import (
@@ -22,9 +23,12 @@ from lancetx.commit.engine.effects import (
     run,
     run_async,
 )
+from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.handlers.interface import AsyncCommitHandler, CommitHandler
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Parent", "load_parent", "load_parent_async", "load_parent_steps"]
 
@@ -41,6 +45,12 @@ class Parent:
         return self.location.version
 
 
+#: How many times loading the latest version follows a newer one after the version it
+#: resolved was cleaned up before its manifest could be read (each time the table moved
+#: on: a commit landed and a cleanup with no age floor removed what was the latest).
+LATEST_READ_ATTEMPTS = 8
+
+
 def load_parent_steps(
     names: Names, base: str, version: int | None = None, *, held: Parent | None = None
 ) -> Steps[Parent | None]:
@@ -48,13 +58,40 @@ def load_parent_steps(
 
     ``held``: a version the caller already has; if the latest (or ``version``) is
     that version, its manifest is not read again (a committed version never changes).
+
+    The latest can move between resolving it and reading its manifest: a commit lands
+    and a cleanup without an age floor removes what was the latest. Its manifest is then
+    not found, and the newer latest is loaded instead (up to
+    :data:`LATEST_READ_ATTEMPTS` times; then, and whenever no newer version is there,
+    the ObjectNotFoundError stands). A version asked for by number is never replaced.
     """
-    if version is None:
+    if version is not None:
+        asked: ManifestLocation = yield ResolveVersion(base, version)
+        return (yield from _read_parent(base, asked, held))
+    gone: ObjectNotFoundError | None = None
+    gone_version = -1
+    for _ in range(LATEST_READ_ATTEMPTS):
         location: ManifestLocation | None = yield ResolveLatest(base)
         if location is None:
             return None
-    else:
-        location = yield ResolveVersion(base, version)
+        if gone is not None and location.version <= gone_version:
+            # Not found, and no newer version took its place: the error stands.
+            raise gone
+        try:
+            return (yield from _read_parent(base, location, held))
+        except ObjectNotFoundError as exc:
+            gone, gone_version = exc, location.version
+            log.info(
+                "version %d of %s was cleaned up before its manifest was read; "
+                "loading the table's newer latest version",
+                location.version,
+                names.uri(base),
+            )
+    assert gone is not None
+    raise gone
+
+
+def _read_parent(base: str, location: ManifestLocation, held: Parent | None) -> Steps[Parent]:
     if held is not None and _same_manifest(held.location, location):
         # The same version's manifest, wherever it is read from now (a staged
         # manifest since finalized is the same bytes under its final name).

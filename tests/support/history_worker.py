@@ -39,11 +39,11 @@ from protocol_helpers import FAST_COMMIT, batch, lancetx_append
 import lancetx
 import lancetx.aio
 from lancetx.commit.engine.builder import build_manifest
-from lancetx.commit.engine.committer import Committed, load_parent
+from lancetx.commit.engine.committer import Committed, load_parent, load_parent_async
 from lancetx.commit.engine.operations import Append, Transaction
-from lancetx.commit.errors import ObjectNotFoundError, VersionAlreadyExistsError
+from lancetx.commit.errors import VersionAlreadyExistsError
 from lancetx.commit.format.fragments import fragment_from_pylance
-from lancetx.commit.format.manifest import decode_manifest, encode_manifest
+from lancetx.commit.format.manifest import encode_manifest
 from lancetx.commit.format.naming import transaction_key
 from lancetx.commit.format.transaction_file import transaction_file_name
 from lancetx.commit.storage.s3store import S3Config
@@ -523,15 +523,11 @@ async def _append_async(
     files = lance.fragment.write_fragments(data, data_uri, storage_options=options)
     fragments = tuple(fragment_from_pylance(f) for f in files)
     for _ in range(ASYNC_ATTEMPTS):
-        latest = await handler.resolve_latest(base)
-        assert latest is not None, "the table has no version"
-        try:
-            raw = await store.get(latest.key)
-        except ObjectNotFoundError:
-            if latest.alternate_key is None:
-                raise
-            raw = await store.get(latest.alternate_key)
-        parent = decode_manifest(raw, path=store.uri(latest.key))
+        # The front door's loading of the latest version (a latest that a commit and a
+        # cleanup remove before its manifest is read is followed to the newer one).
+        loaded = await load_parent_async(handler, base)
+        assert loaded is not None, "the table has no version"
+        latest, parent = loaded.location, loaded.manifest
         txn = Transaction(read_version=latest.version, operation=Append(fragments=fragments))
         txn_pb = txn.to_proto()
         name = transaction_file_name(txn_pb)
