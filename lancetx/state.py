@@ -221,6 +221,38 @@ class TableState:
         assert found is not None
         return found
 
+    def read_failure(self, version: int, exc: Exception, *, pinned: bool) -> Exception:
+        """What reading ``version`` through pylance failed with: ``exc``, or
+        VersionNotFoundError naming ``version`` when a cleanup removed it after this
+        Table learned it (pylance's own error names only a manifest or data file not
+        found). A version is never swapped for another here: a read-only view is
+        pinned, and a Table reads the version it knows until it is refreshed."""
+        from lancetx.commit.errors import LancetxError
+
+        if isinstance(exc, LancetxError):
+            return exc
+        try:
+            # Asked afresh: the manifest in hand (self.parent) says nothing of the store.
+            load_parent(self.conn.handler, self.conn.base, version)
+        except (VersionNotFoundError, ObjectNotFoundError):
+            pass
+        except LancetxError:
+            return exc  # cannot tell; pylance's error stands
+        else:
+            return exc  # the version is there: pylance failed for another reason
+        advice = (
+            "check out a version that is still there"
+            if pinned
+            else "refresh() the Table (or open it again) to read the latest version"
+        )
+        return VersionNotFoundError(
+            self.uri,
+            version,
+            f"a cleanup removed it after this Table loaded it (pylance: {_first_line(exc)}); "
+            f"{advice}, or keep versions longer than your reads take (cleanup's older-than); "
+            f"{self._nearest(version)}",
+        )
+
     def _nearest(self, version: int) -> str:
         locations = self.conn.handler.list_versions(self.conn.base, 0)
         return nearest_versions([loc.version for loc in locations if not loc.removed], version)
@@ -287,6 +319,12 @@ class TableState:
 
     def pylance_storage_options(self) -> dict[str, str] | None:
         return pylance_options(self.conn.storage_options) or None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The gist of pylance's error: its first line, without the Rust source locations."""
+    text = str(exc).strip().splitlines()
+    return text[0].split(", /")[0][:300] if text else type(exc).__name__
 
 
 __all__ = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lancetx.arguments import checked, checked_methods
@@ -497,7 +498,22 @@ class Table(TableVerbs[int]):
     def dataset(self) -> LanceDataset:
         """pylance's dataset at :attr:`version`, for reading. Do not write through it:
         pylance would commit behind lancetx's back (use this Table's verbs)."""
-        return self._state.dataset(self.version)
+        version = self.version
+        with self._reading(version):
+            return self._state.dataset(version)
+
+    @contextmanager
+    def _reading(self, version: int) -> Iterator[None]:
+        """Raise VersionNotFoundError (naming ``version`` and what to do) for a read
+        that failed because a cleanup removed the version meanwhile, not pylance's
+        "not found" of one of its files."""
+        try:
+            yield
+        except Exception as exc:
+            failure = self._state.read_failure(version, exc, pinned=self._pinned is not None)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     @property
     def schema(self) -> pa.Schema:
@@ -505,17 +521,23 @@ class Table(TableVerbs[int]):
         return self._state.schema_of(self._state.parent_at(self.version))
 
     def to_table(self, **kwargs: Any) -> pa.Table:
-        """``LanceDataset.to_table`` at :attr:`version` (columns=, filter=, limit=, …)."""
-        table: pa.Table = self.dataset.to_table(**kwargs)
+        """``LanceDataset.to_table`` at :attr:`version` (columns=, filter=, limit=, …).
+        VersionNotFoundError if a cleanup removed the version since this Table loaded it."""
+        version = self.version
+        with self._reading(version):
+            table: pa.Table = self._state.dataset(version).to_table(**kwargs)
         return table
 
     def scanner(self, **kwargs: Any) -> Any:
-        """``LanceDataset.scanner`` at :attr:`version`."""
+        """``LanceDataset.scanner`` at :attr:`version` (its batches are pylance's:
+        read after a cleanup removed the version, they fail with pylance's error)."""
         return self.dataset.scanner(**kwargs)
 
     def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
         """Rows at :attr:`version` (matching ``filter``)."""
-        return int(self.dataset.count_rows(filter=filter, **kwargs))
+        version = self.version
+        with self._reading(version):
+            return int(self._state.dataset(version).count_rows(filter=filter, **kwargs))
 
     @property
     def tags(self) -> Tags:

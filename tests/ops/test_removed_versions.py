@@ -313,3 +313,47 @@ def test_a_version_asked_for_by_number_and_cleaned_up_is_not_replaced_by_a_newer
     with pytest.raises(LancetxError) as caught:
         lancetx.open(table.uri, table.options, version=2)
     assert "2" in str(caught.value)
+
+
+def _commit_and_clean_up(table: DdbTable, mode: str) -> None:
+    """pylance commits (``mode``), then a cleanup without an age floor keeps only it."""
+    lance.write_dataset(batch("later", 0, 3), table.uri, mode=mode, storage_options=table.options)
+    cleanup_versions(open_table(table.uri, table.options), keep_versions=1)
+
+
+def test_reading_a_checked_out_version_a_cleanup_removed_meanwhile_is_an_error_naming_it(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A read-only view of version 2 is taken; then a commit lands and a cleanup removes
+    2. Its reads fail naming version 2 and what to do (they failed with pylance's
+    ValueError "Dataset at path t.lance/_versions/2.manifest was not found"), and never
+    read another version."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    view = lancetx.open(table.uri, table.options, version=2)
+    _commit_and_clean_up(table, "append")
+    for read in (view.to_table, view.count_rows, lambda: view.dataset):
+        with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+            read()
+        assert caught.value.version == 2 and "check out a version" in str(caught.value)
+        assert "the table has versions 4" in str(caught.value)
+
+
+def test_a_table_reading_a_version_an_overwrite_and_cleanup_removed_says_to_refresh(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A Table reads the version it knows (3) until refreshed. pylance overwrites the
+    table and a cleanup removes 3 with its data files: the read fails naming version 3
+    and saying to refresh (it failed with pyarrow's ArrowInvalid "Not found:
+    t.lance/data/….lance"); refreshed, it reads version 4."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    _commit_and_clean_up(table, "overwrite")
+    with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+        opened.to_table()
+    assert caught.value.version == 3 and "refresh()" in str(caught.value)
+    assert opened.version == 3  # not moved behind the caller's back
+    assert opened.refresh().to_table().num_rows == 3 and opened.version == 4
