@@ -357,3 +357,36 @@ def test_a_table_reading_a_version_an_overwrite_and_cleanup_removed_says_to_refr
     assert caught.value.version == 3 and "refresh()" in str(caught.value)
     assert opened.version == 3  # not moved behind the caller's back
     assert opened.refresh().to_table().num_rows == 3 and opened.version == 4
+
+
+def test_status_whose_latest_a_commit_and_cleanup_remove_meanwhile_reports_the_newer(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lancetx-sync status`` lists the items (latest: 3); before it reads version 3's
+    manifest, pylance commits 4 and a cleanup removes 3. It reports 4 and no note (it
+    reported 3 with "the manifest of version 3 cannot be read: … verify explains why",
+    a healthy table sent to verify)."""
+    from lancetx.ops.status import table_status
+    from lancetx.ops.table import OpsTable
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    original = OpsTable.read_manifest_or_none
+    asked: list[str] = []
+
+    def read(self: OpsTable, key: str) -> Any:
+        if not asked:
+            _commit_and_clean_up(table, "append")
+        asked.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(OpsTable, "read_manifest_or_none", read)
+    report = table_status(open_table(table.uri, table.options))
+    assert (report.latest_version, report.notes) == (4, []), report.notes
+    assert report.last_operation == "append"
+    assert len(asked) == 2 and asked[0] != asked[1]
+    # A latest whose manifest is gone and that no newer version replaced is reported.
+    monkeypatch.undo()
+    table.s3.delete_object(Bucket=bucket, Key=f"{table.path}/_versions/{2**64 - 1 - 4}.manifest")
+    broken = table_status(open_table(table.uri, table.options))
+    assert broken.latest_version == 4
+    assert [n.split(":")[0] for n in broken.notes] == ["the manifest of version 4 cannot be read"]
