@@ -510,7 +510,12 @@ class Table(TableVerbs[int]):
         try:
             yield
         except Exception as exc:
-            failure = self._state.read_failure(version, exc, pinned=self._pinned is not None)
+            advice = (
+                "check out a version that is still there"
+                if self._pinned is not None
+                else "refresh() the Table (or open it again) to read the latest version"
+            )
+            failure = self._state.read_failure(version, exc, advice=advice)
             if failure is exc:
                 raise
             raise failure from exc

@@ -390,3 +390,50 @@ def test_status_whose_latest_a_commit_and_cleanup_remove_meanwhile_reports_the_n
     broken = table_status(open_table(table.uri, table.options))
     assert broken.latest_version == 4
     assert [n.split(":")[0] for n in broken.notes] == ["the manifest of version 4 cannot be read"]
+
+
+def _compact_and_clean_up(table: DdbTable, removes: int) -> None:
+    """pylance appends and compacts, then a cleanup without an age floor keeps only
+    the compacted version: version ``removes`` and the files it read are gone."""
+    lance.write_dataset(
+        batch("later", 0, 3), table.uri, mode="append", storage_options=table.options
+    )
+    lance.dataset(table.uri, storage_options=table.options).optimize.compact_files()
+    report = cleanup_versions(open_table(table.uri, table.options), keep_versions=1)
+    assert removes in report.removed_versions
+
+
+def test_a_verb_planned_on_a_version_a_compaction_and_cleanup_removed_plans_again_or_says_so(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A Table knows version 3; pylance compacts and a cleanup removes 3 with its data
+    files. A delete (a verb that plans again after a retryable conflict) plans again on
+    the latest and lands, also through lancetx.aio; add_columns (which does not) fails
+    naming version 3 and saying to refresh. Before: the delete failed with
+    InvalidPredicateError "cannot use predicate 'i = 0': … Not found: t.lance/data/…;
+    write it in Lance's SQL dialect", add_columns with pylance's raw OSError."""
+    import lancetx.aio
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    _compact_and_clean_up(table, removes=3)
+    latest = lance.dataset(table.uri, storage_options=table.options).version
+    assert opened.delete("i = 0") == latest + 1
+    assert opened.last_commit is not None and opened.last_commit.plans == 2
+    assert lance.dataset(table.uri, storage_options=table.options).count_rows() == 8
+
+    stale = lancetx.open(table.uri, table.options)
+    _compact_and_clean_up(table, removes=latest + 1)  # the delete's version
+    with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+        stale.add_columns({"twice": "i * 2"})
+    assert caught.value.version == latest + 1 and "refresh()" in str(caught.value)
+
+    async def delete_through_aio() -> int:
+        table_async = await lancetx.aio.open(table.uri, table.options)
+        await asyncio.to_thread(_compact_and_clean_up, table, table_async.version)
+        return await table_async.delete("i = 1")
+
+    assert asyncio.run(delete_through_aio()) > latest + 2
+    remaining = lance.dataset(table.uri, storage_options=table.options)
+    assert (remaining.count_rows(), remaining.count_rows("i = 1")) == (8, 0)
