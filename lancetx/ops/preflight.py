@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from lancetx.commit.engine.parents import LATEST_READ_ATTEMPTS
 from lancetx.commit.format.retention import cleanup_horizon, read_tags
 from lancetx.errors import UntrustedReferenceError, WedgedTableError
 from lancetx.externalstore.base import ManifestEntry
@@ -141,16 +142,33 @@ def referenced_since(
 ) -> tuple[set[str], set[str]]:
     """Objects referenced by versions committed after ``newest_seen``, and the
     staged manifests their items point at (items the read path refuses are not
-    followed; names that could leave the table yield no key)."""
-    if table.entries is not None:
-        newer = table.entries.list_entries(table.base, newest_seen)
-        refused = untrusted_entries(table, newer)
-        keys = {e.version: e.path for e in newer if e.version not in refused}
-    else:
-        listing = list_versions_folder(table)
-        keys = {v: m.key for v, m in listing.finals.items() if v > newest_seen}
-    loaded, _failed = read_manifests(table, sorted(keys.items()), progress)
+    followed; names that could leave the table yield no key).
+
+    The newest of them can be removed before its manifest is read: a commit lands
+    after it and a cleanup without an age floor runs. What it referenced that is
+    still needed (a restore's old files, say) is then referenced by the versions
+    after it, which are listed and read in turn (up to
+    :data:`~lancetx.commit.engine.parents.LATEST_READ_ATTEMPTS` times)."""
     referenced: set[str] = set()
-    for lv in loaded:
-        referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
-    return referenced, set(keys.values())
+    staged: set[str] = set()
+    after = newest_seen
+    for _ in range(LATEST_READ_ATTEMPTS):
+        keys = _committed_after(table, after)
+        loaded, failed = read_manifests(table, sorted(keys.items()), progress)
+        for lv in loaded:
+            referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
+        staged |= set(keys.values())
+        if not keys or max(keys) not in failed:
+            break
+        after = max(keys)
+    return referenced, staged
+
+
+def _committed_after(table: OpsTable, version: int) -> dict[int, str]:
+    """The manifest key of each version after ``version``."""
+    if table.entries is not None:
+        newer = table.entries.list_entries(table.base, version)
+        refused = untrusted_entries(table, newer)
+        return {e.version: e.path for e in newer if e.version not in refused}
+    listing = list_versions_folder(table)
+    return {v: m.key for v, m in listing.finals.items() if v > version}

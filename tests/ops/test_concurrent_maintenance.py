@@ -95,3 +95,55 @@ def test_versions_another_cleanup_removes_meanwhile_are_not_a_wedged_table(
         assert ds.to_table().num_rows == 5
     verified = verify_table(open_table(table.uri, table.options))
     assert verified.ok, verified.findings
+
+
+def test_a_restore_committed_during_a_cleanup_and_cleaned_up_before_it_is_read_keeps_its_files(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cleanup A (keep 1) plans on versions 1..3 to delete version 1's files (only 1
+    references them). Meanwhile pylance restores version 1 as 4, which references
+    them again. Before A reads the versions committed meanwhile, 5 is appended and
+    cleanup B (keep 1) removes 4. A must read 5 (which references version 1's
+    files through 4) and keep them: it read only 4, found it gone, and deleted
+    them, and the latest version could no longer be read."""
+    from lancetx.ops import cleanup
+
+    made = make_table(legacy_aws, bucket, ddb_table_name, versions=1)  # 1: its own files
+    for seq in (1, 2):  # 2: an overwrite, 3: an append
+        mode = "overwrite" if seq == 1 else "append"
+        lance.write_dataset(batch("w", seq, 5), made.uri, mode=mode, storage_options=made.options)
+    files_to_drop, read_manifests = cleanup._files_to_drop, preflight.read_manifests
+    restored: list[bool] = []
+    others: list[Any] = []
+
+    def drop(*args: Any, **kwargs: Any) -> Any:
+        found = files_to_drop(*args, **kwargs)
+        if not restored:  # A has chosen what to delete; its manifests are still there
+            restored.append(True)
+            lance.dataset(made.uri, version=1, storage_options=made.options).restore()
+        return found
+
+    def read(table: Any, keys: Any, *args: Any) -> Any:
+        keys = list(keys)
+        if restored and not others and [v for v, _ in keys] == [4]:  # A's, of what came since
+            others.append(None)
+            lance.write_dataset(
+                batch("w", 9, 5), made.uri, mode="append", storage_options=made.options
+            )
+            others[0] = cleanup_versions(open_table(made.uri, made.options), keep_versions=1)
+        return read_manifests(table, keys, *args)
+
+    monkeypatch.setattr(cleanup, "_files_to_drop", drop)
+    monkeypatch.setattr(preflight, "read_manifests", read)
+    report = cleanup_versions(open_table(made.uri, made.options), keep_versions=1)
+    assert report.removed_versions == [1, 2] and others[0].removed_versions == [3, 4]
+    monkeypatch.undo()
+    latest = lance.dataset(made.uri, storage_options=made.options)
+    assert latest.version == 5
+    needed = {
+        f"{made.path}/data/{f.path}" for fr in latest.get_fragments() for f in fr.data_files()
+    }
+    assert not needed & set(report.files_deleted), "cleanup deleted files version 5 reads"
+    assert latest.to_table().num_rows == 10  # version 1's rows (restored) and 5 appended
+    verified = verify_table(open_table(made.uri, made.options), deep=True)
+    assert verified.ok, verified.findings
