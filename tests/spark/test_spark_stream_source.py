@@ -292,3 +292,31 @@ def test_stream_options_are_checked(
         spark.read.format("lancetx").options(**opts).option("startingVersion", "1").load(
             source
         ).collect()
+
+
+def test_a_version_a_cleanup_removes_after_its_micro_batch_was_planned_fails_the_read_naming_it(
+    uris: tuple[str, str], storage: dict[str, str]
+) -> None:
+    """A micro-batch is planned on version 2's appended fragment; then a commit lands
+    and a cleanup without an age floor removes version 2. Reading the partition (an
+    executor's task: pylance only) fails with VersionsRemovedError naming version 2
+    and what to do (it failed with pylance's ValueError "Dataset at path
+    t.lance/_versions/2.manifest was not found"). No Spark session: the reader's
+    methods run as Spark would call them."""
+    from lancetx.errors import VersionsRemovedError
+    from pyspark_lancetx.datasource import LanceTxDataSource
+
+    source = uris[0]
+    table = lancetx.write_table(source, rows(0, 5), storage_options=storage)
+    table.append(rows(5, 10))
+    reader = LanceTxDataSource({"path": source, **spark_options(storage)}).streamReader(
+        LanceTxDataSource({"path": source, **spark_options(storage)}).schema()
+    )
+    start = reader.initialOffset()
+    (partition,) = reader.partitions(start, reader.latestOffset(start, None))
+    assert [v for v, _, _ in partition.pieces] == [2]  # the first batch: a snapshot of 2
+    table.append(rows(10, 15))
+    assert cleanup_versions(open_table(source, storage), keep_versions=1).removed_versions == [1, 2]
+    with pytest.raises(VersionsRemovedError, match=r"after this micro-batch was planned") as info:
+        list(reader.read(partition))
+    assert info.value.versions == [2] and "new query" in str(info.value)
