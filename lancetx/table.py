@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lancetx.arguments import checked, checked_methods
+from lancetx.commit.engine.parents import LATEST_READ_ATTEMPTS
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.state import TableState
 
@@ -836,11 +837,24 @@ def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[
     the broken one logged once as a warning naming it and the ``lancetx-sync repair``
     command (as :func:`open` with ``version=`` does)."""
     state = TableState.connect(uri, storage_options)
-    if not state.refresh_to_read_older():
-        return []
-    if state.broken_head is not None:
-        return state.history(until=state.broken_head - 1)
-    return state.history(until=state.require_parent().version)
+    found: list[VersionInfo] = []
+    read_until: int | None = None
+    for _ in range(LATEST_READ_ATTEMPTS):
+        if not state.refresh_to_read_older():
+            return []
+        if state.broken_head is not None:
+            until = state.broken_head - 1
+        else:
+            until = state.require_parent().version
+        if until == read_until:
+            break  # no newer version: what was read stands
+        found, read_until = state.history(until=until), until
+        if found and found[-1].version == until:
+            break
+        # The latest was removed while its history was read (a commit landed and a
+        # cleanup with no age floor ran): the newer latest's history is read instead
+        # (versions already read are not read again).
+    return found
 
 
 @checked

@@ -437,3 +437,27 @@ def test_a_verb_planned_on_a_version_a_compaction_and_cleanup_removed_plans_agai
     assert asyncio.run(delete_through_aio()) > latest + 2
     remaining = lance.dataset(table.uri, storage_options=table.options)
     assert (remaining.count_rows(), remaining.count_rows("i = 1")) == (8, 0)
+
+
+def test_history_of_a_table_whose_versions_a_commit_and_cleanup_remove_meanwhile_is_the_newer(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lancetx.history(uri)`` resolves the latest (3) and lists versions 1..3; before it
+    reads them, pylance commits 4 and a cleanup removes 1..3. It returns version 4's
+    history (it returned [], the history of a table that has a version)."""
+    from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    original = ExternalStoreCommitHandler.list_versions
+    listed: list[int] = []
+
+    def listing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, *args, **kwargs)
+        if not listed:
+            _commit_and_clean_up(table, "append")
+        listed.append(max(loc.version for loc in found))
+        return found
+
+    monkeypatch.setattr(ExternalStoreCommitHandler, "list_versions", listing)
+    assert [v.version for v in lancetx.history(table.uri, table.options)] == [4]
+    assert listed == [3, 4]
