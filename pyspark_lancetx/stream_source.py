@@ -60,6 +60,7 @@ from lancetx.errors import (
     ManifestFormatError,
     StreamChangeCommitError,
     StreamSchemaChangedError,
+    VersionNotFoundError,
     VersionsRemovedError,
 )
 from pyspark_lancetx.errors import SparkOptionError
@@ -215,8 +216,14 @@ class LanceTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def _snapshot(self, version: int) -> tuple[tuple[FragmentRows, ...], tuple[str, ...]]:
         found = self._snapshots.get(version)
         if found is None:
-            view = self._open().checkout(version)
-            found = (tuple(view.fragment_rows()), tuple(view.schema.names))
+            try:
+                view = self._open().checkout(version)
+                found = (tuple(view.fragment_rows()), tuple(view.schema.names))
+            except VersionNotFoundError as exc:
+                if isinstance(exc, VersionsRemovedError) or exc.version != version:
+                    raise
+                removed = VersionsRemovedError(self.plan.uri, [version], None)
+                raise self._removed(removed) from exc
             self._snapshots[version] = found
         return found
 

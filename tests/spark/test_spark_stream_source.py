@@ -320,3 +320,33 @@ def test_a_version_a_cleanup_removes_after_its_micro_batch_was_planned_fails_the
     with pytest.raises(VersionsRemovedError, match=r"after this micro-batch was planned") as info:
         list(reader.read(partition))
     assert info.value.versions == [2] and "new query" in str(info.value)
+
+
+def test_a_snapshot_a_cleanup_removed_before_its_batch_was_planned_again_fails_naming_it(
+    uris: tuple[str, str], storage: dict[str, str]
+) -> None:
+    """The first micro-batch ends at version 2 (its snapshot), and the source worker
+    restarts before planning its partitions; meanwhile a commit lands and a cleanup
+    without an age floor removes 2. Planning the batch again fails with
+    VersionsRemovedError naming version 2 and how to go on (it was VersionNotFoundError
+    "version 2 … does not exist (a cleanup removed it; the table has versions 3)", no
+    word of the stream). The latest the batch resolved is read from the manifest in
+    hand, so a cleanup between resolving and planning does not fail it there."""
+    from lancetx.errors import VersionsRemovedError
+    from pyspark_lancetx.datasource import LanceTxDataSource
+
+    source = uris[0]
+    table = lancetx.write_table(source, rows(0, 5), storage_options=storage)
+    table.append(rows(5, 10))
+    options = {"path": source, **spark_options(storage)}
+    reader = LanceTxDataSource(options).streamReader(LanceTxDataSource(options).schema())
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    assert end == {"version": 2}
+    table.append(rows(10, 15))
+    cleanup_versions(open_table(source, storage), keep_versions=1)
+    assert len(reader.partitions(start, end)) == 1  # planned from what it holds
+    restarted = LanceTxDataSource(options).streamReader(LanceTxDataSource(options).schema())
+    with pytest.raises(VersionsRemovedError, match=r"new query") as info:
+        restarted.partitions(start, end)
+    assert info.value.versions == [2]
