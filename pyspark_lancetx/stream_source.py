@@ -497,7 +497,9 @@ class LanceTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 version=version,
                 storage_options=self.plan.pylance_options or None,
             )
-        except Exception:
+        except Exception as probe:
+            if "not found" not in str(probe).lower():
+                return exc  # the probe failed too (a network error, say): nothing told apart
             text = str(exc).strip().splitlines()
             said = text[0].split(", /")[0][:300] if text else type(exc).__name__
             return VersionsRemovedError(
