@@ -350,3 +350,27 @@ def test_a_snapshot_a_cleanup_removed_before_its_batch_was_planned_again_fails_n
     with pytest.raises(VersionsRemovedError, match=r"new query") as info:
         restarted.partitions(start, end)
     assert info.value.versions == [2]
+
+
+def test_a_read_whose_version_cannot_be_probed_keeps_its_own_error(
+    uris: tuple[str, str], storage: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition's read fails and probing its version fails too, for another reason
+    than "not found" (the store unreachable): the read's own error stands. It is not
+    called a removed version (whose message says the rows are lost to the stream and
+    to start a new query): a network error is no reason to abandon a checkpoint."""
+    import lance
+
+    from pyspark_lancetx.datasource import LanceTxDataSource
+
+    source = uris[0]
+    lancetx.write_table(source, rows(0, 5), storage_options=storage)
+    options = {"path": source, **spark_options(storage)}
+    reader = LanceTxDataSource(options).streamReader(LanceTxDataSource(options).schema())
+    failed = OSError("LanceError(IO): connection reset by peer")
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise OSError("LanceError(IO): error sending request: connection refused")
+
+    monkeypatch.setattr(lance, "dataset", unreachable)
+    assert reader._read_failure(1, failed) is failed
