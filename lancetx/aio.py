@@ -59,6 +59,7 @@ from lancetx.committing import (
     RunPlan,
     VerbFlags,
     discard,
+    run_plan,
     verb_steps,
 )
 from lancetx.committing import Effect as VerbEffect
@@ -190,7 +191,7 @@ async def _drive(
         if isinstance(effect, LoadLatest):
             return await _load_latest(state, handler)
         if isinstance(effect, RunPlan):
-            return await asyncio.to_thread(effect.plan, effect.ctx)
+            return await asyncio.to_thread(run_plan, effect)
         if isinstance(effect, Commit):
             return await _commit(state, handler, effect)
         if isinstance(effect, Discard):

@@ -51,6 +51,7 @@ from lancetx.commit.errors import (
     ExpectedVersionMismatchError,
     KeyAlreadyCommittedError,
     RetryableConflictError,
+    VersionNotFoundError,
 )
 from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, INDICES_DIR, join
@@ -59,7 +60,7 @@ from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
 from lancetx.externalstore.connect import scheme_of
 from lancetx.protos import table_pb2
-from lancetx.state import TableState
+from lancetx.state import TableState, gist
 
 if TYPE_CHECKING:
     from lance import LanceDataset
@@ -329,10 +330,44 @@ class LoadLatest:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Effect: run a plan (pylance's data plane; may run in a worker thread)."""
+    """Effect: run a plan (pylance's data plane; may run in a worker thread):
+    :func:`run_plan`."""
 
     plan: Plan
     ctx: PlanContext
+
+
+class _PlannedOnRemoved(Exception):
+    """A plan failed because a cleanup removed the version it read (its manifest, and
+    maybe its data files, gone since the Table loaded it): ``error`` names it. Raised
+    by :func:`run_plan` into the steps, which plan again on the latest version or
+    raise ``error``; it never leaves them."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def run_plan(effect: RunPlan) -> Transaction:
+    """Perform :class:`RunPlan` (both drivers). A plan that fails on a version a
+    cleanup removed meanwhile (pylance's "not found" of a file, or whatever a plan
+    made of it: a predicate "that cannot be used") is told apart here."""
+    try:
+        return effect.plan(effect.ctx)
+    except NothingToDo:
+        raise
+    except Exception as exc:
+        parent, state = effect.ctx.parent, effect.ctx.state
+        if parent is None or not state.version_gone(parent.version):
+            raise
+        error = VersionNotFoundError(
+            state.uri,
+            parent.version,
+            f"a cleanup removed it after this Table planned on it ({type(exc).__name__}: "
+            f"{gist(exc)}); refresh() the Table and run the call again, or keep "
+            "versions longer than your writes take (cleanup's older-than)",
+        )
+        raise _PlannedOnRemoved(error) from exc
 
 
 @dataclass(frozen=True)
@@ -488,6 +523,15 @@ def _one_round(
         txn = yield RunPlan(plan, ctx)
     except NothingToDo:
         return CommitResult(parent.version if parent else 0, attempts=0, plans=plans)
+    except _PlannedOnRemoved as gone:
+        # Nothing was committed; as after a retryable conflict, a verb that may plan
+        # again does so on the latest version (a Table plans on the newest it knows).
+        if not (flags.replannable and args.expected_version is None and plans <= MAX_REPLANS):
+            raise gone.error from gone.__cause__
+        log.info("%s: %s; planning again on the latest version", state.uri, gone.error)
+        latest = yield LoadLatest()
+        state.remember(latest)
+        return _Again(latest)
     wrote = frozenset(new_objects(state.conn.base, txn, parent)) if flags.owns_data else frozenset()
     try:
         committed: Committed = yield Commit(txn, ctx.meanwhile or parent, options)
@@ -571,7 +615,7 @@ def run_verb(state: TableState, plan: Plan, args: CommitArgs, flags: VerbFlags) 
         if isinstance(effect, LoadLatest):
             return load_parent(conn.handler, conn.base)
         if isinstance(effect, RunPlan):
-            return effect.plan(effect.ctx)
+            return run_plan(effect)
         if isinstance(effect, Commit):
             return commit_transaction(
                 conn.handler, conn.base, effect.txn, parent=effect.parent, options=effect.options
@@ -613,6 +657,7 @@ __all__ = [
     "discard",
     "new_objects",
     "objects_of",
+    "run_plan",
     "run_verb",
     "verb_steps",
 ]

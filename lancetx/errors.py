@@ -110,6 +110,7 @@ bracket this module)::
     ├── NotAnExternalStoreTableError       lancetx-sync: a DynamoDB command given a URI without one
     ├── WedgedTableError                   gc/cleanup: versions need repair first
     ├── UntrustedReferenceError            gc/cleanup: a reference points outside the table
+    ├── MaintenanceRaceError               gc/cleanup: versions committed meanwhile unreadable
     ├── UnsafeThresholdError               gc: --older-than below the minimum (also a ValueError)
     ├── RepairVerificationError            repair: what it wrote did not read back
     ├── NoParentError                      repair: a wedged version's parent cannot be read
@@ -614,6 +615,23 @@ class UntrustedReferenceError(LancetxError):
         )
 
 
+class MaintenanceRaceError(LancetxError):
+    """gc/cleanup could not learn what versions committed while they ran reference, so
+    they deleted no file after that point (files kept are garbage a later run finds).
+    ``unread`` maps each such version to why its manifest could not be read."""
+
+    def __init__(self, uri: str, unread: dict[int, str], command: str) -> None:
+        self.unread = unread
+        shown = "; ".join(f"version {v}: {why}" for v, why in sorted(unread.items())[:3])
+        super().__init__(
+            f"{uri!r}: version(s) {sorted(unread)} were committed while this ran and their "
+            f"manifests could not be read ({shown}), so what they reference is unknown and "
+            f"no file was deleted after that point. Run it again ({command}); if it keeps "
+            "failing, give cleanup an age floor (--older-than) so that versions committed "
+            "meanwhile are not removed under it"
+        )
+
+
 class NotAnExternalStoreTableError(LancetxError, ValueError):
     """A command that works on the DynamoDB side was given a URI without one."""
 
@@ -808,6 +826,7 @@ __all__ = [
     "KeyAlreadyCommittedError",
     "KeyExistsError",
     "LancetxError",
+    "MaintenanceRaceError",
     "MalformedEntryError",
     "ManifestCopyMismatchError",
     "ManifestFormatError",

@@ -221,6 +221,39 @@ class TableState:
         assert found is not None
         return found
 
+    def read_failure(self, version: int, exc: Exception, *, advice: str) -> Exception:
+        """What reading ``version`` through pylance failed with: ``exc``, or
+        VersionNotFoundError naming ``version`` and saying ``advice`` when a cleanup
+        removed it after this Table learned it (pylance's own error names only a
+        manifest or data file not found). A version is never swapped for another
+        here: a read-only view is pinned, and a Table reads the version it knows
+        until it is refreshed."""
+        from lancetx.commit.errors import LancetxError
+
+        if isinstance(exc, LancetxError) or not self.version_gone(version):
+            return exc
+        return VersionNotFoundError(
+            self.uri,
+            version,
+            f"a cleanup removed it after this Table loaded it (pylance: {gist(exc)}); "
+            f"{advice}, or keep versions longer than your reads and writes take (cleanup's "
+            f"older-than); {self._nearest(version)}",
+        )
+
+    def version_gone(self, version: int) -> bool:
+        """Whether ``version`` is gone now (a cleanup removed it; never committed),
+        asked afresh: a manifest in hand says nothing of the store. False when that
+        cannot be told."""
+        from lancetx.commit.errors import LancetxError
+
+        try:
+            load_parent(self.conn.handler, self.conn.base, version)
+        except (VersionNotFoundError, ObjectNotFoundError):
+            return True
+        except LancetxError:
+            return False
+        return False
+
     def _nearest(self, version: int) -> str:
         locations = self.conn.handler.list_versions(self.conn.base, 0)
         return nearest_versions([loc.version for loc in locations if not loc.removed], version)
@@ -289,9 +322,16 @@ class TableState:
         return pylance_options(self.conn.storage_options) or None
 
 
+def gist(exc: BaseException) -> str:
+    """The gist of pylance's error: its first line, without the Rust source locations."""
+    text = str(exc).strip().splitlines()
+    return text[0].split(", /")[0][:300] if text else type(exc).__name__
+
+
 __all__ = [
     "BROKEN_HEAD_ERRORS",
     "TableState",
+    "gist",
     "nearest_versions",
     "pylance_options",
     "report_broken_head",

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lancetx.arguments import checked, checked_methods
+from lancetx.commit.engine.parents import LATEST_READ_ATTEMPTS
 from lancetx.commit.errors import DatasetNotFoundError
 from lancetx.state import TableState
 
@@ -497,7 +499,27 @@ class Table(TableVerbs[int]):
     def dataset(self) -> LanceDataset:
         """pylance's dataset at :attr:`version`, for reading. Do not write through it:
         pylance would commit behind lancetx's back (use this Table's verbs)."""
-        return self._state.dataset(self.version)
+        version = self.version
+        with self._reading(version):
+            return self._state.dataset(version)
+
+    @contextmanager
+    def _reading(self, version: int) -> Iterator[None]:
+        """Raise VersionNotFoundError (naming ``version`` and what to do) for a read
+        that failed because a cleanup removed the version meanwhile, not pylance's
+        "not found" of one of its files."""
+        try:
+            yield
+        except Exception as exc:
+            advice = (
+                "check out a version that is still there"
+                if self._pinned is not None
+                else "refresh() the Table (or open it again) to read the latest version"
+            )
+            failure = self._state.read_failure(version, exc, advice=advice)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     @property
     def schema(self) -> pa.Schema:
@@ -505,17 +527,23 @@ class Table(TableVerbs[int]):
         return self._state.schema_of(self._state.parent_at(self.version))
 
     def to_table(self, **kwargs: Any) -> pa.Table:
-        """``LanceDataset.to_table`` at :attr:`version` (columns=, filter=, limit=, …)."""
-        table: pa.Table = self.dataset.to_table(**kwargs)
+        """``LanceDataset.to_table`` at :attr:`version` (columns=, filter=, limit=, …).
+        VersionNotFoundError if a cleanup removed the version since this Table loaded it."""
+        version = self.version
+        with self._reading(version):
+            table: pa.Table = self._state.dataset(version).to_table(**kwargs)
         return table
 
     def scanner(self, **kwargs: Any) -> Any:
-        """``LanceDataset.scanner`` at :attr:`version`."""
+        """``LanceDataset.scanner`` at :attr:`version` (its batches are pylance's:
+        read after a cleanup removed the version, they fail with pylance's error)."""
         return self.dataset.scanner(**kwargs)
 
     def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
         """Rows at :attr:`version` (matching ``filter``)."""
-        return int(self.dataset.count_rows(filter=filter, **kwargs))
+        version = self.version
+        with self._reading(version):
+            return int(self._state.dataset(version).count_rows(filter=filter, **kwargs))
 
     @property
     def tags(self) -> Tags:
@@ -809,11 +837,24 @@ def history(uri: str, storage_options: Mapping[str, str] | None = None) -> list[
     the broken one logged once as a warning naming it and the ``lancetx-sync repair``
     command (as :func:`open` with ``version=`` does)."""
     state = TableState.connect(uri, storage_options)
-    if not state.refresh_to_read_older():
-        return []
-    if state.broken_head is not None:
-        return state.history(until=state.broken_head - 1)
-    return state.history(until=state.require_parent().version)
+    found: list[VersionInfo] = []
+    read_until: int | None = None
+    for _ in range(LATEST_READ_ATTEMPTS):
+        if not state.refresh_to_read_older():
+            return []
+        if state.broken_head is not None:
+            until = state.broken_head - 1
+        else:
+            until = state.require_parent().version
+        if until == read_until:
+            break  # no newer version: what was read stands
+        found, read_until = state.history(until=until), until
+        if found and found[-1].version == until:
+            break
+        # The latest was removed while its history was read (a commit landed and a
+        # cleanup with no age floor ran): the newer latest's history is read instead
+        # (versions already read are not read again).
+    return found
 
 
 @checked

@@ -60,6 +60,7 @@ from lancetx.errors import (
     ManifestFormatError,
     StreamChangeCommitError,
     StreamSchemaChangedError,
+    VersionNotFoundError,
     VersionsRemovedError,
 )
 from pyspark_lancetx.errors import SparkOptionError
@@ -215,8 +216,14 @@ class LanceTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     def _snapshot(self, version: int) -> tuple[tuple[FragmentRows, ...], tuple[str, ...]]:
         found = self._snapshots.get(version)
         if found is None:
-            view = self._open().checkout(version)
-            found = (tuple(view.fragment_rows()), tuple(view.schema.names))
+            try:
+                view = self._open().checkout(version)
+                found = (tuple(view.fragment_rows()), tuple(view.schema.names))
+            except VersionNotFoundError as exc:
+                if isinstance(exc, VersionsRemovedError) or exc.version != version:
+                    raise
+                removed = VersionsRemovedError(self.plan.uri, [version], None)
+                raise self._removed(removed) from exc
             self._snapshots[version] = found
         return found
 
@@ -436,36 +443,76 @@ class LanceTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
     # ------------------------------------------------------------- reading
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        target = spark_arrow_schema(StructType.fromJson(json.loads(self.plan.schema_json)))
+        for version, ids, missing in getattr(partition, "pieces", ()):
+            try:
+                yield from self._read_piece(target, version, ids, missing)
+            except Exception as exc:
+                raise self._read_failure(version, exc) from exc
+
+    def _read_piece(
+        self, target: pa.Schema, version: int, ids: tuple[int, ...], missing: tuple[str, ...]
+    ) -> Iterator[pa.RecordBatch]:
         import lance
         import pyarrow as pa
 
-        target = spark_arrow_schema(StructType.fromJson(json.loads(self.plan.schema_json)))
         options = self.plan.options
-        for version, ids, missing in getattr(partition, "pieces", ()):
-            dataset = lance.dataset(
+        dataset = lance.dataset(
+            self.plan.data_uri,
+            version=version,
+            storage_options=self.plan.pylance_options or None,
+        )
+        present = [f.name for f in target if f.name not in missing]
+        scanner = dataset.scanner(
+            columns=present,
+            filter=options.filter,
+            fragments=[_fragment(dataset, version, i) for i in ids],
+            batch_size=options.batch_size,
+        )
+        for batch in scanner.to_batches():
+            if not batch.num_rows:
+                continue
+            if missing:
+                arrays = [
+                    batch.column(f.name)
+                    if f.name not in missing
+                    else pa.nulls(batch.num_rows, f.type)
+                    for f in target
+                ]
+                batch = pa.RecordBatch.from_arrays(arrays, schema=target)
+            yield conform_read_batch(batch, target)
+
+    def _read_failure(self, version: int, exc: Exception) -> Exception:
+        """``exc``, or VersionsRemovedError when a cleanup removed ``version`` after this
+        micro-batch was planned (pylance's own error names only a file not found)."""
+        import lance
+
+        from lancetx.commit.errors import LancetxError
+
+        if isinstance(exc, LancetxError):
+            return exc
+        try:
+            lance.dataset(
                 self.plan.data_uri,
                 version=version,
                 storage_options=self.plan.pylance_options or None,
             )
-            present = [f.name for f in target if f.name not in missing]
-            scanner = dataset.scanner(
-                columns=present,
-                filter=options.filter,
-                fragments=[_fragment(dataset, version, i) for i in ids],
-                batch_size=options.batch_size,
+        except Exception as probe:
+            if "not found" not in str(probe).lower():
+                return exc  # the probe failed too (a network error, say): nothing told apart
+            text = str(exc).strip().splitlines()
+            said = text[0].split(", /")[0][:300] if text else type(exc).__name__
+            return VersionsRemovedError(
+                self.plan.uri,
+                [version],
+                None,
+                f"A cleanup removed it after this micro-batch was planned (pylance: {said}), "
+                "so its rows are lost to this stream. To go on, start a new query (a new "
+                "checkpointLocation), with no starting option to read the table as it is "
+                "now; and keep versions for longer than a stream may lag behind "
+                "(lancetx-sync cleanup --older-than)",
             )
-            for batch in scanner.to_batches():
-                if not batch.num_rows:
-                    continue
-                if missing:
-                    arrays = [
-                        batch.column(f.name)
-                        if f.name not in missing
-                        else pa.nulls(batch.num_rows, f.type)
-                        for f in target
-                    ]
-                    batch = pa.RecordBatch.from_arrays(arrays, schema=target)
-                yield conform_read_batch(batch, target)
+        return exc
 
 
 def _fragment(dataset: Any, version: int, fragment_id: int) -> Any:

@@ -319,7 +319,7 @@ def cleanup_versions(
             except LancetxError as exc:
                 errors.append(f"item of version {entry.version}: {exc}")
         # Versions committed meanwhile keep what they reference.
-        since_refs, _ = referenced_since(table, latest, progress)
+        since_refs, _ = referenced_since(table, latest, progress, command="cleanup")
         files = [k for k in files if k not in since_refs]
         for prefix in sorted(drop_indices):
             files.extend(m.key for m in table.store.list(prefix))

@@ -131,6 +131,11 @@ class LoadedVersion:
     manifest: ManifestFile
 
 
+#: How :func:`read_manifests` ends the reason of a manifest that is not there (every
+#: other reason is a read that failed: what the manifest references is unknown).
+MISSING = "is missing"
+
+
 def read_manifests(
     table: OpsTable, keys: Iterable[tuple[int, str]], progress: Progress = no_progress
 ) -> tuple[list[LoadedVersion], dict[int, str]]:
@@ -148,7 +153,7 @@ def read_manifests(
                     return LoadedVersion(version, attempt, read_manifest(table.store, attempt))
                 except ObjectNotFoundError:
                     continue
-            return version, f"manifest {table.store.uri(key)} is missing"
+            return version, f"manifest {table.store.uri(key)} {MISSING}"
         except LancetxError as exc:
             return version, str(exc)
         finally:

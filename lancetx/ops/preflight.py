@@ -24,10 +24,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from lancetx.commit.engine.parents import LATEST_READ_ATTEMPTS
 from lancetx.commit.format.retention import cleanup_horizon, read_tags
-from lancetx.errors import UntrustedReferenceError, WedgedTableError
+from lancetx.errors import MaintenanceRaceError, UntrustedReferenceError, WedgedTableError
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.ops.inventory import (
+    MISSING,
     LoadedVersion,
     Progress,
     VersionsListing,
@@ -137,20 +139,49 @@ def readable_manifest_keys(
 
 
 def referenced_since(
-    table: OpsTable, newest_seen: int, progress: Progress = no_progress
+    table: OpsTable, newest_seen: int, progress: Progress = no_progress, *, command: str = "gc"
 ) -> tuple[set[str], set[str]]:
     """Objects referenced by versions committed after ``newest_seen``, and the
     staged manifests their items point at (items the read path refuses are not
-    followed; names that could leave the table yield no key)."""
-    if table.entries is not None:
-        newer = table.entries.list_entries(table.base, newest_seen)
-        refused = untrusted_entries(table, newer)
-        keys = {e.version: e.path for e in newer if e.version not in refused}
-    else:
-        listing = list_versions_folder(table)
-        keys = {v: m.key for v, m in listing.finals.items() if v > newest_seen}
-    loaded, _failed = read_manifests(table, sorted(keys.items()), progress)
+    followed; names that could leave the table yield no key).
+
+    The newest of them can be removed before its manifest is read: a commit lands
+    after it and a cleanup without an age floor runs. What it referenced that is
+    still needed (a restore's old files, say) is then referenced by the versions
+    after it, which are listed and read in turn (up to
+    :data:`~lancetx.commit.engine.parents.LATEST_READ_ATTEMPTS` times).
+
+    Raises :class:`~lancetx.errors.MaintenanceRaceError` when what they reference
+    stays unknown: a manifest among them could not be read for another reason than
+    being gone (a throttled or failed GET, an undecodable file), or the newest was
+    removed each time. The caller then deletes nothing more."""
     referenced: set[str] = set()
-    for lv in loaded:
-        referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
-    return referenced, set(keys.values())
+    staged: set[str] = set()
+    after = newest_seen
+    for _ in range(LATEST_READ_ATTEMPTS):
+        keys = _committed_after(table, after)
+        loaded, failed = read_manifests(table, sorted(keys.items()), progress)
+        unread = {v: why for v, why in failed.items() if not why.endswith(MISSING)}
+        if unread:
+            raise MaintenanceRaceError(table.uri, unread, table.command(command))
+        for lv in loaded:
+            referenced |= referenced_keys(table.base, lv.manifest, store=table.store)
+        staged |= set(keys.values())
+        if not keys or max(keys) not in failed:
+            return referenced, staged
+        after = max(keys)
+    raise MaintenanceRaceError(
+        table.uri,
+        {after: f"removed before it could be read, {LATEST_READ_ATTEMPTS} times in a row"},
+        table.command(command),
+    )
+
+
+def _committed_after(table: OpsTable, version: int) -> dict[int, str]:
+    """The manifest key of each version after ``version``."""
+    if table.entries is not None:
+        newer = table.entries.list_entries(table.base, version)
+        refused = untrusted_entries(table, newer)
+        return {e.version: e.path for e in newer if e.version not in refused}
+    listing = list_versions_folder(table)
+    return {v: m.key for v, m in listing.finals.items() if v > version}

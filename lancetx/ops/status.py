@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lancetx.commit.engine.operations import COMMIT_MESSAGE_KEY
+from lancetx.commit.engine.parents import LATEST_READ_ATTEMPTS
 from lancetx.commit.errors import DatasetNotFoundError, LancetxError
 from lancetx.commit.format.manifest import ManifestFile
 from lancetx.commit.format.retention import read_tags
@@ -47,7 +48,26 @@ class StatusReport:
 
 def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusReport:
     """Collect the status of ``table`` (one Query, one listing, one manifest read).
-    Raises DatasetNotFoundError where nothing was ever committed."""
+    Raises DatasetNotFoundError where nothing was ever committed.
+
+    The latest version can move between listing the items and reading its manifest:
+    a commit lands and a cleanup without an age floor removes what was the latest.
+    Its manifest is then not found, and the status is taken again when a newer
+    version is there (up to :data:`LATEST_READ_ATTEMPTS` times); the note that the
+    latest cannot be read stands only for a latest no newer version replaced."""
+    report, unread = _status_once(table, progress)
+    for _ in range(LATEST_READ_ATTEMPTS - 1):
+        if unread is None:
+            break
+        newest = table.list_entries()
+        if not newest or newest[-1].version <= unread:
+            break  # no newer version took its place: it is broken, not replaced
+        report, unread = _status_once(table, progress)
+    return report
+
+
+def _status_once(table: OpsTable, progress: Progress) -> tuple[StatusReport, int | None]:
+    """The status, and the latest version if its manifest could not be read."""
     entries = table.list_entries()
     listing = list_versions_folder(table, progress)
     committers = Counter(e.committer or "(none)" for e in entries)
@@ -56,6 +76,7 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
     latest_entry = entries[-1] if entries else None
     latest: int | None
     manifest: ManifestFile | None = None
+    unread: int | None = None
     refused = untrusted_entries(table, entries)
     if refused:
         notes.append(
@@ -65,6 +86,8 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
     if latest_entry is not None:
         latest = latest_entry.version
         manifest = None if latest in refused else _read_latest(table, latest_entry)
+        if manifest is None and latest not in refused:
+            unread = latest
         if manifest is None:
             notes.append(
                 f"the manifest of version {latest} cannot be read: "
@@ -107,7 +130,7 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
             f"{len(staged)} version(s) not finalized yet ({_short(staged)}): "
             + table.command("repair")
         )
-    return StatusReport(
+    report = StatusReport(
         uri=table.uri,
         base_uri=table.base,
         dynamodb_table=table.ddb_table,
@@ -127,6 +150,7 @@ def table_status(table: OpsTable, progress: Progress = no_progress) -> StatusRep
         notes=notes,
         tags=tags,
     )
+    return report, unread
 
 
 def _read_latest(table: OpsTable, entry: ManifestEntry) -> ManifestFile | None:

@@ -13,7 +13,7 @@ second one's listing and its reads): no timing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import lance
@@ -94,4 +94,136 @@ def test_versions_another_cleanup_removes_meanwhile_are_not_a_wedged_table(
         ds = lance.dataset(table.uri, version=version, storage_options=table.options)
         assert ds.to_table().num_rows == 5
     verified = verify_table(open_table(table.uri, table.options))
+    assert verified.ok, verified.findings
+
+
+def test_a_restore_committed_during_a_cleanup_and_cleaned_up_before_it_is_read_keeps_its_files(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cleanup A (keep 1) plans on versions 1..3 to delete version 1's files (only 1
+    references them). Meanwhile pylance restores version 1 as 4, which references
+    them again. Before A reads the versions committed meanwhile, 5 is appended and
+    cleanup B (keep 1) removes 4. A must read 5 (which references version 1's
+    files through 4) and keep them: it read only 4, found it gone, and deleted
+    them, and the latest version could no longer be read."""
+    from lancetx.ops import cleanup
+
+    made = make_table(legacy_aws, bucket, ddb_table_name, versions=1)  # 1: its own files
+    for seq in (1, 2):  # 2: an overwrite, 3: an append
+        mode = "overwrite" if seq == 1 else "append"
+        lance.write_dataset(batch("w", seq, 5), made.uri, mode=mode, storage_options=made.options)
+    files_to_drop, read_manifests = cleanup._files_to_drop, preflight.read_manifests
+    restored: list[bool] = []
+    others: list[Any] = []
+
+    def drop(*args: Any, **kwargs: Any) -> Any:
+        found = files_to_drop(*args, **kwargs)
+        if not restored:  # A has chosen what to delete; its manifests are still there
+            restored.append(True)
+            lance.dataset(made.uri, version=1, storage_options=made.options).restore()
+        return found
+
+    def read(table: Any, keys: Any, *args: Any) -> Any:
+        keys = list(keys)
+        if restored and not others and [v for v, _ in keys] == [4]:  # A's, of what came since
+            others.append(None)
+            lance.write_dataset(
+                batch("w", 9, 5), made.uri, mode="append", storage_options=made.options
+            )
+            others[0] = cleanup_versions(open_table(made.uri, made.options), keep_versions=1)
+        return read_manifests(table, keys, *args)
+
+    monkeypatch.setattr(cleanup, "_files_to_drop", drop)
+    monkeypatch.setattr(preflight, "read_manifests", read)
+    report = cleanup_versions(open_table(made.uri, made.options), keep_versions=1)
+    assert report.removed_versions == [1, 2] and others[0].removed_versions == [3, 4]
+    monkeypatch.undo()
+    latest = lance.dataset(made.uri, storage_options=made.options)
+    assert latest.version == 5
+    needed = {
+        f"{made.path}/data/{f.path}" for fr in latest.get_fragments() for f in fr.data_files()
+    }
+    assert not needed & set(report.files_deleted), "cleanup deleted files version 5 reads"
+    assert latest.to_table().num_rows == 10  # version 1's rows (restored) and 5 appended
+    verified = verify_table(open_table(made.uri, made.options), deep=True)
+    assert verified.ok, verified.findings
+
+
+@pytest.mark.parametrize("command", ["cleanup", "gc"])
+def test_a_version_committed_meanwhile_whose_manifest_cannot_be_read_stops_every_delete(
+    legacy_aws: EmbeddedAws,
+    bucket: str,
+    ddb_table_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """While a cleanup (or gc) runs, pylance commits a version that references files
+    the run has chosen to delete: for cleanup, a restore of version 1 (its files again);
+    for gc, an append of fragments written after the scan. Reading that version's
+    manifest then fails for another reason than its being gone (a throttled GET here).
+    What it references is unknown, so nothing more is deleted: a MaintenanceRaceError
+    names the version and says to run again, and the new version reads whole. (Such a
+    failure was skipped as if the version did not exist: its files were deleted.)"""
+    from lancetx.errors import MaintenanceRaceError
+    from lancetx.ops import cleanup, gc
+
+    made = make_table(legacy_aws, bucket, ddb_table_name, versions=1)  # 1: its own files
+    lance.write_dataset(batch("w", 1, 5), made.uri, mode="overwrite", storage_options=made.options)
+    read_manifests = preflight.read_manifests
+    committed: list[int] = []
+    failure = "GetObject …: ThrottledError: SlowDown (a fault)"
+
+    def read(table: Any, keys: Any, *args: Any) -> Any:
+        keys = list(keys)
+        if committed and [v for v, _ in keys] == committed:  # what was committed meanwhile
+            return [], {committed[0]: failure}
+        return read_manifests(table, keys, *args)
+
+    def meanwhile() -> None:
+        if command == "cleanup":
+            lance.dataset(made.uri, version=1, storage_options=made.options).restore()
+        else:
+            data = f"s3://{made.bucket}/{made.path}"
+            written = lance.fragment.write_fragments(
+                batch("late", 0, 4), data, storage_options=made.options
+            )
+            lance.LanceDataset.commit(
+                made.uri,
+                lance.LanceOperation.Append(written),
+                read_version=2,
+                storage_options=made.options,
+            )
+        committed.append(lance.dataset(made.uri, storage_options=made.options).version)
+
+    def then_commit(real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            found = real(*args, **kwargs)
+            if not committed:
+                meanwhile()
+            return found
+
+        return wrapped
+
+    monkeypatch.setattr(preflight, "read_manifests", read)
+    with pytest.raises(MaintenanceRaceError) as caught:
+        if command == "cleanup":
+            monkeypatch.setattr(cleanup, "_files_to_drop", then_commit(cleanup._files_to_drop))
+            cleanup_versions(open_table(made.uri, made.options), keep_versions=1)
+        else:
+            monkeypatch.setattr(gc, "check_table", then_commit(gc.check_table))
+            collect_garbage(
+                open_table(made.uri, made.options),
+                older_than=timedelta(0),
+                dry_run=False,
+                now=datetime.now(UTC) + timedelta(hours=1),
+                force_unsafe_threshold=True,
+            )
+    monkeypatch.undo()
+    assert caught.value.unread == {3: failure}
+    assert "version(s) [3]" in str(caught.value)
+    assert f"lancetx-sync {command}" in str(caught.value)
+    latest = lance.dataset(made.uri, storage_options=made.options)
+    assert latest.version == 3
+    assert latest.to_table().num_rows == (5 if command == "cleanup" else 9)
+    verified = verify_table(open_table(made.uri, made.options), deep=True)
     assert verified.ok, verified.findings

@@ -313,3 +313,151 @@ def test_a_version_asked_for_by_number_and_cleaned_up_is_not_replaced_by_a_newer
     with pytest.raises(LancetxError) as caught:
         lancetx.open(table.uri, table.options, version=2)
     assert "2" in str(caught.value)
+
+
+def _commit_and_clean_up(table: DdbTable, mode: str) -> None:
+    """pylance commits (``mode``), then a cleanup without an age floor keeps only it."""
+    lance.write_dataset(batch("later", 0, 3), table.uri, mode=mode, storage_options=table.options)
+    cleanup_versions(open_table(table.uri, table.options), keep_versions=1)
+
+
+def test_reading_a_checked_out_version_a_cleanup_removed_meanwhile_is_an_error_naming_it(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A read-only view of version 2 is taken; then a commit lands and a cleanup removes
+    2. Its reads fail naming version 2 and what to do (they failed with pylance's
+    ValueError "Dataset at path t.lance/_versions/2.manifest was not found"), and never
+    read another version."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    view = lancetx.open(table.uri, table.options, version=2)
+    _commit_and_clean_up(table, "append")
+    for read in (view.to_table, view.count_rows, lambda: view.dataset):
+        with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+            read()
+        assert caught.value.version == 2 and "check out a version" in str(caught.value)
+        assert "the table has versions 4" in str(caught.value)
+
+
+def test_a_table_reading_a_version_an_overwrite_and_cleanup_removed_says_to_refresh(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A Table reads the version it knows (3) until refreshed. pylance overwrites the
+    table and a cleanup removes 3 with its data files: the read fails naming version 3
+    and saying to refresh (it failed with pyarrow's ArrowInvalid "Not found:
+    t.lance/data/….lance"); refreshed, it reads version 4."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    _commit_and_clean_up(table, "overwrite")
+    with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+        opened.to_table()
+    assert caught.value.version == 3 and "refresh()" in str(caught.value)
+    assert opened.version == 3  # not moved behind the caller's back
+    assert opened.refresh().to_table().num_rows == 3 and opened.version == 4
+
+
+def test_status_whose_latest_a_commit_and_cleanup_remove_meanwhile_reports_the_newer(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lancetx-sync status`` lists the items (latest: 3); before it reads version 3's
+    manifest, pylance commits 4 and a cleanup removes 3. It reports 4 and no note (it
+    reported 3 with "the manifest of version 3 cannot be read: … verify explains why",
+    a healthy table sent to verify)."""
+    from lancetx.ops.status import table_status
+    from lancetx.ops.table import OpsTable
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    original = OpsTable.read_manifest_or_none
+    asked: list[str] = []
+
+    def read(self: OpsTable, key: str) -> Any:
+        if not asked:
+            _commit_and_clean_up(table, "append")
+        asked.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(OpsTable, "read_manifest_or_none", read)
+    report = table_status(open_table(table.uri, table.options))
+    assert (report.latest_version, report.notes) == (4, []), report.notes
+    assert report.last_operation == "append"
+    assert len(asked) == 2 and asked[0] != asked[1]
+    # A latest whose manifest is gone and that no newer version replaced is reported.
+    monkeypatch.undo()
+    table.s3.delete_object(Bucket=bucket, Key=f"{table.path}/_versions/{2**64 - 1 - 4}.manifest")
+    broken = table_status(open_table(table.uri, table.options))
+    assert broken.latest_version == 4
+    assert [n.split(":")[0] for n in broken.notes] == ["the manifest of version 4 cannot be read"]
+
+
+def _compact_and_clean_up(table: DdbTable, removes: int) -> None:
+    """pylance appends and compacts, then a cleanup without an age floor keeps only
+    the compacted version: version ``removes`` and the files it read are gone."""
+    lance.write_dataset(
+        batch("later", 0, 3), table.uri, mode="append", storage_options=table.options
+    )
+    lance.dataset(table.uri, storage_options=table.options).optimize.compact_files()
+    report = cleanup_versions(open_table(table.uri, table.options), keep_versions=1)
+    assert removes in report.removed_versions
+
+
+def test_a_verb_planned_on_a_version_a_compaction_and_cleanup_removed_plans_again_or_says_so(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """A Table knows version 3; pylance compacts and a cleanup removes 3 with its data
+    files. A delete (a verb that plans again after a retryable conflict) plans again on
+    the latest and lands, also through lancetx.aio; add_columns (which does not) fails
+    naming version 3 and saying to refresh. Before: the delete failed with
+    InvalidPredicateError "cannot use predicate 'i = 0': … Not found: t.lance/data/…;
+    write it in Lance's SQL dialect", add_columns with pylance's raw OSError."""
+    import lancetx.aio
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    _compact_and_clean_up(table, removes=3)
+    latest = lance.dataset(table.uri, storage_options=table.options).version
+    assert opened.delete("i = 0") == latest + 1
+    assert opened.last_commit is not None and opened.last_commit.plans == 2
+    assert lance.dataset(table.uri, storage_options=table.options).count_rows() == 8
+
+    stale = lancetx.open(table.uri, table.options)
+    _compact_and_clean_up(table, removes=latest + 1)  # the delete's version
+    with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+        stale.add_columns({"twice": "i * 2"})
+    assert caught.value.version == latest + 1 and "refresh()" in str(caught.value)
+
+    async def delete_through_aio() -> int:
+        table_async = await lancetx.aio.open(table.uri, table.options)
+        await asyncio.to_thread(_compact_and_clean_up, table, table_async.version)
+        return await table_async.delete("i = 1")
+
+    assert asyncio.run(delete_through_aio()) > latest + 2
+    remaining = lance.dataset(table.uri, storage_options=table.options)
+    assert (remaining.count_rows(), remaining.count_rows("i = 1")) == (8, 0)
+
+
+def test_history_of_a_table_whose_versions_a_commit_and_cleanup_remove_meanwhile_is_the_newer(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lancetx.history(uri)`` resolves the latest (3) and lists versions 1..3; before it
+    reads them, pylance commits 4 and a cleanup removes 1..3. It returns version 4's
+    history (it returned [], the history of a table that has a version)."""
+    from lancetx.externalstore.commit_handler import ExternalStoreCommitHandler
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    original = ExternalStoreCommitHandler.list_versions
+    listed: list[int] = []
+
+    def listing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, *args, **kwargs)
+        if not listed:
+            _commit_and_clean_up(table, "append")
+        listed.append(max(loc.version for loc in found))
+        return found
+
+    monkeypatch.setattr(ExternalStoreCommitHandler, "list_versions", listing)
+    assert [v.version for v in lancetx.history(table.uri, table.options)] == [4]
+    assert listed == [3, 4]

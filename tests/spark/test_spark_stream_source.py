@@ -292,3 +292,85 @@ def test_stream_options_are_checked(
         spark.read.format("lancetx").options(**opts).option("startingVersion", "1").load(
             source
         ).collect()
+
+
+def test_a_version_a_cleanup_removes_after_its_micro_batch_was_planned_fails_the_read_naming_it(
+    uris: tuple[str, str], storage: dict[str, str]
+) -> None:
+    """A micro-batch is planned on version 2's appended fragment; then a commit lands
+    and a cleanup without an age floor removes version 2. Reading the partition (an
+    executor's task: pylance only) fails with VersionsRemovedError naming version 2
+    and what to do (it failed with pylance's ValueError "Dataset at path
+    t.lance/_versions/2.manifest was not found"). No Spark session: the reader's
+    methods run as Spark would call them."""
+    from lancetx.errors import VersionsRemovedError
+    from pyspark_lancetx.datasource import LanceTxDataSource
+
+    source = uris[0]
+    table = lancetx.write_table(source, rows(0, 5), storage_options=storage)
+    table.append(rows(5, 10))
+    reader = LanceTxDataSource({"path": source, **spark_options(storage)}).streamReader(
+        LanceTxDataSource({"path": source, **spark_options(storage)}).schema()
+    )
+    start = reader.initialOffset()
+    (partition,) = reader.partitions(start, reader.latestOffset(start, None))
+    assert [v for v, _, _ in partition.pieces] == [2]  # the first batch: a snapshot of 2
+    table.append(rows(10, 15))
+    assert cleanup_versions(open_table(source, storage), keep_versions=1).removed_versions == [1, 2]
+    with pytest.raises(VersionsRemovedError, match=r"after this micro-batch was planned") as info:
+        list(reader.read(partition))
+    assert info.value.versions == [2] and "new query" in str(info.value)
+
+
+def test_a_snapshot_a_cleanup_removed_before_its_batch_was_planned_again_fails_naming_it(
+    uris: tuple[str, str], storage: dict[str, str]
+) -> None:
+    """The first micro-batch ends at version 2 (its snapshot), and the source worker
+    restarts before planning its partitions; meanwhile a commit lands and a cleanup
+    without an age floor removes 2. Planning the batch again fails with
+    VersionsRemovedError naming version 2 and how to go on (it was VersionNotFoundError
+    "version 2 … does not exist (a cleanup removed it; the table has versions 3)", no
+    word of the stream). The latest the batch resolved is read from the manifest in
+    hand, so a cleanup between resolving and planning does not fail it there."""
+    from lancetx.errors import VersionsRemovedError
+    from pyspark_lancetx.datasource import LanceTxDataSource
+
+    source = uris[0]
+    table = lancetx.write_table(source, rows(0, 5), storage_options=storage)
+    table.append(rows(5, 10))
+    options = {"path": source, **spark_options(storage)}
+    reader = LanceTxDataSource(options).streamReader(LanceTxDataSource(options).schema())
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    assert end == {"version": 2}
+    table.append(rows(10, 15))
+    cleanup_versions(open_table(source, storage), keep_versions=1)
+    assert len(reader.partitions(start, end)) == 1  # planned from what it holds
+    restarted = LanceTxDataSource(options).streamReader(LanceTxDataSource(options).schema())
+    with pytest.raises(VersionsRemovedError, match=r"new query") as info:
+        restarted.partitions(start, end)
+    assert info.value.versions == [2]
+
+
+def test_a_read_whose_version_cannot_be_probed_keeps_its_own_error(
+    uris: tuple[str, str], storage: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition's read fails and probing its version fails too, for another reason
+    than "not found" (the store unreachable): the read's own error stands. It is not
+    called a removed version (whose message says the rows are lost to the stream and
+    to start a new query): a network error is no reason to abandon a checkpoint."""
+    import lance
+
+    from pyspark_lancetx.datasource import LanceTxDataSource
+
+    source = uris[0]
+    lancetx.write_table(source, rows(0, 5), storage_options=storage)
+    options = {"path": source, **spark_options(storage)}
+    reader = LanceTxDataSource(options).streamReader(LanceTxDataSource(options).schema())
+    failed = OSError("LanceError(IO): connection reset by peer")
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise OSError("LanceError(IO): error sending request: connection refused")
+
+    monkeypatch.setattr(lance, "dataset", unreachable)
+    assert reader._read_failure(1, failed) is failed
