@@ -322,18 +322,27 @@ class ScanPlan:
                 version=self.version,
                 storage_options=self.storage_options or None,
             )
-        except Exception:
+        except Exception as probe:
+            if not says_not_found(probe):
+                return exc  # the probe failed too (a network error, say): nothing told apart
             return VersionNotFoundError(
                 self.uri,
                 self.version,
                 "this DataFrame was planned on it and a cleanup has removed it since "
-                f"(pylance: {_first_line(exc)}); load the table again to read a current "
+                f"(pylance: {pylance_gist(exc)}); load the table again to read a current "
                 "version, or keep versions longer than your jobs read them (cleanup's "
                 "older-than)",
             )
         return exc
 
 
-def _first_line(exc: BaseException) -> str:
+def pylance_gist(exc: BaseException) -> str:
+    """The gist of pylance's error: its first line, without the Rust source locations."""
     text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    return text[0].split(", /")[0][:300] if text else type(exc).__name__
+
+
+def says_not_found(exc: BaseException) -> bool:
+    """Whether pylance's error says what it opened is not there (a version's manifest or
+    a data file a cleanup removed), not that it could not tell (unreachable, denied)."""
+    return "not found" in str(exc).lower()

@@ -65,6 +65,7 @@ from lancetx.errors import (
 )
 from pyspark_lancetx.errors import SparkOptionError
 from pyspark_lancetx.options import LATEST, StreamReadOptions, parse_timestamp
+from pyspark_lancetx.scan import pylance_gist, says_not_found
 from pyspark_lancetx.schema import conform_read_batch, spark_arrow_schema
 
 if TYPE_CHECKING:
@@ -498,10 +499,9 @@ class LanceTxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow): 
                 storage_options=self.plan.pylance_options or None,
             )
         except Exception as probe:
-            if "not found" not in str(probe).lower():
+            if not says_not_found(probe):
                 return exc  # the probe failed too (a network error, say): nothing told apart
-            text = str(exc).strip().splitlines()
-            said = text[0].split(", /")[0][:300] if text else type(exc).__name__
+            said = pylance_gist(exc)
             return VersionsRemovedError(
                 self.plan.uri,
                 [version],

@@ -148,3 +148,26 @@ def test_partition_options_take_spark_names_and_refuse_typos() -> None:
         ReadOptions.parse({"path": "/t", "min_partitions": "0"})
     with pytest.raises(UnknownSparkOptionError, match=r"'max_partition_bytes'.*a read option"):
         StreamReadOptions.parse({"path": "/t", "max_partition_bytes": "1000"})
+
+
+def test_a_read_whose_pinned_version_cannot_be_probed_keeps_its_own_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read fails and probing its pinned version fails for another reason than "not
+    found" (the store unreachable): the read's own error stands, not a
+    VersionNotFoundError that says a cleanup removed the version (a network error was
+    reported as a removed version). A probe that says "not found" still is one."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    plan = ScanPlan("s3://bucket/t.lance", {}, 3, ("id",))
+    failed = OSError("LanceError(IO): connection reset by peer")
+    said: list[str] = ["LanceError(IO): error sending request: connection refused"]
+
+    def probe(*args: object, **kwargs: object) -> None:
+        raise OSError(said[0])
+
+    monkeypatch.setattr(lance, "dataset", probe)
+    assert plan.failure(failed) is failed
+    said[0] = "Dataset at path t.lance/_versions/3.manifest was not found"
+    removed = plan.failure(failed)
+    assert isinstance(removed, VersionNotFoundError) and removed.version == 3
