@@ -142,8 +142,8 @@ def referenced_since(
     table: OpsTable, newest_seen: int, progress: Progress = no_progress, *, command: str = "gc"
 ) -> tuple[set[str], set[str]]:
     """Objects referenced by versions committed after ``newest_seen``, and the
-    staged manifests their items point at (items the read path refuses are not
-    followed; names that could leave the table yield no key).
+    staged manifests their items point at (names that could leave the table yield no
+    key; an item the read path refuses raises UntrustedReferenceError).
 
     The newest of them can be removed before its manifest is read: a commit lands
     after it and a cleanup without an age floor runs. What it referenced that is
@@ -178,10 +178,17 @@ def referenced_since(
 
 
 def _committed_after(table: OpsTable, version: int) -> dict[int, str]:
-    """The manifest key of each version after ``version``."""
+    """The manifest key of each version after ``version``. An item the read path would
+    refuse (a path outside the table, another bucket's table) raises
+    UntrustedReferenceError, as :func:`check_table` does for the items it scans: what
+    that version references is unknown, so nothing more is deleted."""
     if table.entries is not None:
         newer = table.entries.list_entries(table.base, version)
         refused = untrusted_entries(table, newer)
-        return {e.version: e.path for e in newer if e.version not in refused}
+        if refused:
+            raise UntrustedReferenceError(
+                table.uri, [refused[v] for v in sorted(refused)], table.command("verify")
+            )
+        return {e.version: e.path for e in newer}
     listing = list_versions_folder(table)
     return {v: m.key for v, m in listing.finals.items() if v > version}

@@ -227,3 +227,61 @@ def test_a_version_committed_meanwhile_whose_manifest_cannot_be_read_stops_every
     assert latest.to_table().num_rows == (5 if command == "cleanup" else 9)
     verified = verify_table(open_table(made.uri, made.options), deep=True)
     assert verified.ok, verified.findings
+
+
+def test_a_version_committed_meanwhile_whose_item_points_outside_the_table_stops_every_delete(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During a gc, pylance appends fragments written after the scan (version 3), and
+    version 3's item is then pointed at another table's manifest. The read path refuses
+    to follow it, so what version 3 references is unknown: gc deletes nothing and
+    raises UntrustedReferenceError naming the item, as it does for the items it scans.
+    (The item was skipped as if version 3 did not exist: its data files were deleted.)"""
+    from lancetx.errors import UntrustedReferenceError
+    from lancetx.ops import gc
+
+    made = make_table(legacy_aws, bucket, ddb_table_name, versions=2)
+    other = make_table(legacy_aws, bucket, ddb_table_name, "other.lance", versions=1)
+    other_manifest = next(k for k in other.objects("_versions/") if k.endswith(".manifest"))
+    other_size = other.s3.head_object(Bucket=bucket, Key=other_manifest)["ContentLength"]
+    check_table = gc.check_table
+    appended: list[str] = []
+
+    def then_commit(*args: Any, **kwargs: Any) -> Any:
+        found = check_table(*args, **kwargs)
+        if not appended:
+            written = lance.fragment.write_fragments(
+                batch("late", 0, 4), f"s3://{bucket}/{made.path}", storage_options=made.options
+            )
+            lance.LanceDataset.commit(
+                made.uri,
+                lance.LanceOperation.Append(written),
+                read_version=2,
+                storage_options=made.options,
+            )
+            appended.extend(f"{made.path}/data/{f.path}" for w in written for f in w.files)
+            made.ddb.update_item(
+                TableName=ddb_table_name,
+                Key={"base_uri": {"S": made.path}, "version": {"N": "3"}},
+                UpdateExpression="SET #p = :p, #s = :s",
+                ExpressionAttributeNames={"#p": "path", "#s": "size"},
+                ExpressionAttributeValues={
+                    ":p": {"S": other_manifest},
+                    ":s": {"N": str(other_size)},
+                },
+            )
+        return found
+
+    monkeypatch.setattr(gc, "check_table", then_commit)
+    before = set(made.objects("data/"))
+    with pytest.raises(UntrustedReferenceError) as caught:
+        collect_garbage(
+            open_table(made.uri, made.options),
+            older_than=timedelta(0),
+            dry_run=False,
+            now=datetime.now(UTC) + timedelta(hours=1),
+            force_unsafe_threshold=True,
+        )
+    assert other_manifest in str(caught.value) and "nothing was deleted" in str(caught.value)
+    assert appended and set(appended) <= set(made.objects("data/"))
+    assert before <= set(made.objects("data/"))
