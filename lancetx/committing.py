@@ -57,10 +57,10 @@ from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, INDICES_DIR, join
 from lancetx.commit.sansio import drive
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError
+from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError, pylance_gist
 from lancetx.externalstore.connect import scheme_of
 from lancetx.protos import table_pb2
-from lancetx.state import TableState, gist
+from lancetx.state import TableState
 
 if TYPE_CHECKING:
     from lance import LanceDataset
@@ -364,7 +364,7 @@ def run_plan(effect: RunPlan) -> Transaction:
             state.uri,
             parent.version,
             f"a cleanup removed it after this Table planned on it ({type(exc).__name__}: "
-            f"{gist(exc)}); refresh() the Table and run the call again, or keep "
+            f"{pylance_gist(exc)}); refresh() the Table and run the call again, or keep "
             "versions longer than your writes take (cleanup's older-than)",
         )
         raise _PlannedOnRemoved(error) from exc

@@ -515,6 +515,13 @@ class TagTargetRemovedError(VersionNotFoundError):
         )
 
 
+def pylance_gist(exc: BaseException) -> str:
+    """The gist of a pylance error for a message of ours: its first line, without the
+    Rust source locations pylance appends (at most 300 characters)."""
+    text = str(exc).strip().splitlines()
+    return text[0].split(", /")[0][:300] if text else type(exc).__name__
+
+
 def version_ranges(versions: Sequence[int]) -> str:
     """``[3, 4, 5, 9]`` → ``"3-5, 9"``."""
     ordered = sorted(set(versions))

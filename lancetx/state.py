@@ -20,6 +20,7 @@ from lancetx.commit.engine.parents import Parent, load_parent
 from lancetx.commit.errors import DatasetNotFoundError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
+from lancetx.errors import pylance_gist
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.errors import BadEntryError, ManifestMissingError, repair_command
 
@@ -235,7 +236,7 @@ class TableState:
         return VersionNotFoundError(
             self.uri,
             version,
-            f"a cleanup removed it after this Table loaded it (pylance: {gist(exc)}); "
+            f"a cleanup removed it after this Table loaded it (pylance: {pylance_gist(exc)}); "
             f"{advice}, or keep versions longer than your reads and writes take (cleanup's "
             f"older-than); {self._nearest(version)}",
         )
@@ -322,16 +323,9 @@ class TableState:
         return pylance_options(self.conn.storage_options) or None
 
 
-def gist(exc: BaseException) -> str:
-    """The gist of pylance's error: its first line, without the Rust source locations."""
-    text = str(exc).strip().splitlines()
-    return text[0].split(", /")[0][:300] if text else type(exc).__name__
-
-
 __all__ = [
     "BROKEN_HEAD_ERRORS",
     "TableState",
-    "gist",
     "nearest_versions",
     "pylance_options",
     "report_broken_head",

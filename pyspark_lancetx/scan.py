@@ -313,6 +313,7 @@ class ScanPlan:
         import lance
 
         from lancetx.commit.errors import LancetxError, VersionNotFoundError
+        from lancetx.errors import pylance_gist
 
         if isinstance(exc, LancetxError):
             return exc
@@ -334,12 +335,6 @@ class ScanPlan:
                 "older-than)",
             )
         return exc
-
-
-def pylance_gist(exc: BaseException) -> str:
-    """The gist of pylance's error: its first line, without the Rust source locations."""
-    text = str(exc).strip().splitlines()
-    return text[0].split(", /")[0][:300] if text else type(exc).__name__
 
 
 def says_not_found(exc: BaseException) -> bool:
