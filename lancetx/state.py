@@ -20,7 +20,6 @@ from lancetx.commit.engine.parents import Parent, load_parent
 from lancetx.commit.errors import DatasetNotFoundError, ObjectNotFoundError, VersionNotFoundError
 from lancetx.commit.format.manifest import ManifestFile, data_file_signature, serialized_for_pylance
 from lancetx.commit.format.naming import DATA_DIR, join
-from lancetx.errors import pylance_gist
 from lancetx.externalstore.connect import TableConnection, connect
 from lancetx.externalstore.errors import BadEntryError, ManifestMissingError, repair_command
 
@@ -230,6 +229,7 @@ class TableState:
         here: a read-only view is pinned, and a Table reads the version it knows
         until it is refreshed."""
         from lancetx.commit.errors import LancetxError
+        from lancetx.errors import pylance_gist  # not at import: opening a table stays light
 
         if isinstance(exc, LancetxError) or not self.version_gone(version):
             return exc
