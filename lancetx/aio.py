@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from lance import LanceDataset
 
     from lancetx.changes import FragmentRows, VersionChange
+    from lancetx.scanning import Scanner
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -369,7 +370,8 @@ class AsyncTable(TableVerbs[Awaitable[int]]):
     async def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
         return await asyncio.to_thread(self._sync.count_rows, filter, **kwargs)
 
-    async def scanner(self, **kwargs: Any) -> Any:
+    async def scanner(self, **kwargs: Any) -> Scanner:
+        """:meth:`Table.scanner` (its reads are blocking: run them in a thread)."""
         return await asyncio.to_thread(self._sync.scanner, **kwargs)
 
     @property

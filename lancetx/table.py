@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from lancetx.changes import FragmentRows, VersionChange
     from lancetx.committing import CommitArgs, CommitResult, Plan, VerbFlags
+    from lancetx.scanning import Scanner
     from lancetx.tags import Tags
     from lancetx.verbs.cloning import ClonePlan
     from lancetx.version_history import VersionInfo
@@ -534,10 +535,16 @@ class Table(TableVerbs[int]):
             table: pa.Table = self._state.dataset(version).to_table(**kwargs)
         return table
 
-    def scanner(self, **kwargs: Any) -> Any:
-        """``LanceDataset.scanner`` at :attr:`version` (its batches are pylance's:
-        read after a cleanup removed the version, they fail with pylance's error)."""
-        return self.dataset.scanner(**kwargs)
+    def scanner(self, **kwargs: Any) -> Scanner:
+        """``LanceDataset.scanner`` at :attr:`version` (columns=, filter=, nearest=, …).
+        Its reads, batch by batch too, raise VersionNotFoundError if a cleanup removed
+        the version since this Table loaded it."""
+        from lancetx.scanning import Scanner
+
+        version = self.version
+        with self._reading(version):
+            scanner = self._state.dataset(version).scanner(**kwargs)
+        return Scanner(scanner, lambda: self._reading(version))
 
     def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
         """Rows at :attr:`version` (matching ``filter``)."""

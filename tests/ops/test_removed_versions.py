@@ -359,6 +359,36 @@ def test_a_table_reading_a_version_an_overwrite_and_cleanup_removed_says_to_refr
     assert opened.refresh().to_table().num_rows == 3 and opened.version == 4
 
 
+def test_a_scanner_read_after_an_overwrite_and_cleanup_removed_its_version_says_to_refresh(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """Scanners are made on version 3 and read later, as a long job does. Meanwhile
+    pylance overwrites the table and a cleanup removes 3 with its data files: every read
+    of a scanner — whole, counted, batch by batch, through a reader — fails naming
+    version 3 and saying to refresh (each failed with pylance's own "Not found:
+    t.lance/data/…"). Refreshed, the scanner reads version 4 each way."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    scanners = [opened.scanner(filter="writer != 'x'") for _ in range(4)]
+    assert isinstance(scanners[0], lancetx.Scanner)
+    assert "LanceRead" in scanners[0].explain_plan()  # planning reads no data file
+    _commit_and_clean_up(table, "overwrite")
+    reads = (
+        lambda s: s.to_table().num_rows,
+        lambda s: s.count_rows(),
+        lambda s: sum(b.num_rows for b in s.to_batches()),
+        lambda s: s.to_reader().read_all().num_rows,
+    )
+    for scanner, read in zip(scanners, reads, strict=True):
+        with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+            read(scanner)
+        assert caught.value.version == 3 and "refresh()" in str(caught.value)
+    opened.refresh()
+    assert [read(opened.scanner(filter="writer != 'x'")) for read in reads] == [3] * 4
+
+
 def test_status_whose_latest_a_commit_and_cleanup_remove_meanwhile_reports_the_newer(
     legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
