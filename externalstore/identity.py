@@ -24,11 +24,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from lancetx.commit.engine.effects import GetObject
 from lancetx.commit.errors import LancetxError, ManifestFormatError, ObjectNotFoundError
 from lancetx.commit.format.listing import manifest_locations
 from lancetx.commit.format.location import ManifestLocation
 from lancetx.commit.format.manifest import ManifestFile
+from lancetx.commit.format.retention import (
+    cleanup_horizon,
+    tag_file_name,
+    tag_file_version,
+    tags_prefix,
+)
 from lancetx.commit.sansio import Outcome, advance
+from lancetx.commit.storage.limits import TAG
 from lancetx.commit.storage.objectstore import ObjectMeta
 from lancetx.externalstore.base import ManifestEntry
 from lancetx.externalstore.errors import (
@@ -149,6 +157,24 @@ def final_manifest_versions(table: Table) -> Steps[set[int]]:
     return {location.version for location in manifest_locations(prefix, listed)}
 
 
+def _tagged_versions(table: Table) -> Steps[set[int]]:
+    """The versions the table's tags name (one LIST, one GET per tag). A tag that
+    cannot be read counts none: the horizon is then no higher than the true one, and
+    an item is called dangling rather than removed — never the other way round."""
+    prefix = tags_prefix(table.base_key)
+    listed: list[ObjectMeta] = yield ListObjects(prefix)
+    tagged: set[int] = set()
+    for meta in listed:
+        if tag_file_name(prefix, meta.key) is None:
+            continue
+        try:
+            body: bytes = yield GetObject(meta.key, kind=TAG)
+            tagged.add(tag_file_version(meta.key, body))
+        except LancetxError:
+            continue
+    return tagged
+
+
 def check_manifest(
     table: Table, location: ManifestLocation, manifest: ManifestFile, dynamodb_table: str | None
 ) -> None:
@@ -213,10 +239,17 @@ def explain_unreadable_steps(
         if finals and entry.version < min(finals):
             # Older than every manifest the store holds: a cleanup removed it and kept
             # its item as a fence (a writer whose parent it was meets it). Not dangling:
-            # "not found" lets readers skip it and a writer re-plan on the latest. An
-            # unmarked item above a tagged older version stays "dangling" (tags are not
-            # read here): lancetx's cleanup marks every item it keeps as a fence.
+            # "not found" lets readers skip it and a writer re-plan on the latest.
             return error
+        if finals and entry.version < max(finals):
+            # Above an older kept version, which a cleanup keeps only when it is
+            # tagged (pylance's cleanup leaves the items of what it removes unmarked):
+            # below the cleanup horizon it is removed too. Tags are read only here,
+            # on the way to calling an item dangling.
+            tagged = yield from _tagged_versions(table)
+            horizon = cleanup_horizon(finals, tagged)
+            if horizon is not None and entry.version < horizon:
+                return error
         return DanglingEntryError(
             table.base_uri,
             entry.version,

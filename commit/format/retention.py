@@ -26,6 +26,7 @@ import json
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from lancetx.commit.errors import FormatError, LancetxError
 from lancetx.commit.format import naming
@@ -45,6 +46,9 @@ __all__ = [
     "cleanup_horizon",
     "read_tags",
     "removed_versions",
+    "tag_document",
+    "tag_file_name",
+    "tag_file_version",
     "tags_prefix",
 ]
 
@@ -78,20 +82,41 @@ def read_tags(store: ObjectStore, base: str) -> list[Tag]:
     prefix = tags_prefix(base)
     tags: list[Tag] = []
     for meta in store.list(prefix):
-        name = meta.key[len(prefix) :]
-        if "/" in name or not name.endswith(".json"):
+        name = tag_file_name(prefix, meta.key)
+        if name is None:
             continue
-        uri = store.uri(meta.key)
-        try:
-            # Capped (lancetx_max_tag_bytes): a tag is a few dozen bytes of JSON.
-            document = json.loads(read_capped(store, meta.key, TAG))
-        except ValueError as exc:
-            raise TagFileError(uri, f"not JSON ({exc})") from None
-        version = document.get("version") if isinstance(document, dict) else None
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise TagFileError(uri, f"its 'version' is {version!r}, not a version number")
-        tags.append(Tag(name[: -len(".json")], version, meta.key))
+        # Capped (lancetx_max_tag_bytes): a tag is a few dozen bytes of JSON.
+        version = tag_file_version(store.uri(meta.key), read_capped(store, meta.key, TAG))
+        tags.append(Tag(name, version, meta.key))
     return tags
+
+
+def tag_file_name(prefix: str, key: str) -> str | None:
+    """The tag's name of a key listed under :func:`tags_prefix` (None: not a tag file)."""
+    name = key[len(prefix) :]
+    if "/" in name or not name.endswith(".json"):
+        return None
+    return name[: -len(".json")]
+
+
+def tag_file_version(uri: str, body: bytes) -> int:
+    """The version a tag file's contents name (TagFileError naming ``uri`` if none)."""
+    return tag_document(uri, body)[1]
+
+
+def tag_document(uri: str, body: bytes) -> tuple[dict[str, Any], int]:
+    """A tag file's JSON object and the version it names. Raises TagFileError
+    (naming ``uri``) for one that is not a JSON object naming a version."""
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise TagFileError(uri, f"not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise TagFileError(uri, "not a JSON object")
+    version = document.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise TagFileError(uri, f"its 'version' is {version!r}, not a version number")
+    return document, version
 
 
 def cleanup_horizon(finals: Iterable[int], tagged: Collection[int]) -> int | None:

@@ -24,7 +24,12 @@ from datetime import UTC, datetime
 
 from lancetx.commit.errors import ObjectNotFoundError
 from lancetx.commit.format import naming
-from lancetx.commit.format.retention import TAGS_DIR, TagFileError, tags_prefix
+from lancetx.commit.format.retention import (
+    TAGS_DIR,
+    tag_document,
+    tag_file_name,
+    tags_prefix,
+)
 from lancetx.commit.storage.limits import TAG, read_capped
 from lancetx.commit.storage.objectstore import ObjectStore
 
@@ -124,15 +129,7 @@ def encode_tag(contents: TagContents) -> bytes:
 def decode_tag(uri: str, data: bytes) -> TagContents:
     """Parse a tag file (``uri`` names it in errors). Raises TagFileError for one
     that is not JSON naming a version."""
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise TagFileError(uri, f"not JSON ({exc})") from None
-    if not isinstance(document, dict):
-        raise TagFileError(uri, "not a JSON object")
-    version = document.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise TagFileError(uri, f"its 'version' is {version!r}, not a version number")
+    document, version = tag_document(uri, data)
     size = document.get("manifestSize")
     branch = document.get("branch")
     metadata = document.get("metadata")
@@ -161,12 +158,12 @@ def list_tag_contents(store: ObjectStore, base: str) -> dict[str, TagContents]:
     prefix = tags_prefix(base)
     found: dict[str, TagContents] = {}
     for meta in store.list(prefix):
-        name = meta.key[len(prefix) :]
-        if "/" in name or not name.endswith(".json"):
+        name = tag_file_name(prefix, meta.key)
+        if name is None:
             continue
         try:
             data = read_capped(store, meta.key, TAG)
         except ObjectNotFoundError:
             continue
-        found[name[: -len(".json")]] = decode_tag(store.uri(meta.key), data)
+        found[name] = decode_tag(store.uri(meta.key), data)
     return dict(sorted(found.items()))

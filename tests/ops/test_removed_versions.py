@@ -178,6 +178,56 @@ def test_versions_pylances_own_cleanup_removed_are_skipped_too(
     assert report.ok, report.findings
 
 
+def test_versions_pylances_cleanup_removed_above_a_tagged_version_are_removed_not_dangling(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """Versions 1..6, 2 tagged; pylance's cleanup removes 1 and 3..5 and leaves their
+    items unmarked. Version 4 lies above a kept (tagged) version, yet below the oldest
+    untagged one kept: a cleanup removed it. Opening it and a view of it read after
+    the cleanup say it was removed (opening said its item dangles, "restore the
+    manifest from a backup"; the view gave pylance's own "not found"). A manifest
+    deleted by hand above that horizon still dangles."""
+    from protocol_helpers import lancetx_append, load_parent
+
+    from lancetx.commit.errors import VersionNotFoundError
+    from lancetx.externalstore.connect import connect
+    from lancetx.externalstore.errors import DanglingEntryError
+
+    table = _tagged_table(legacy_aws, bucket, ddb_table_name)
+    view = lancetx.open(table.uri, table.options, version=4)
+    conn = connect(table.uri, table.options)
+    parent = load_parent(conn.handler, conn.base, 4)
+    ds = lance.dataset(table.uri, storage_options=table.options)
+    ds.cleanup_old_versions(older_than=timedelta(0), error_if_tagged_old_versions=False)
+    kept = lance.dataset(table.uri, storage_options=table.options).versions()
+    assert [v["version"] for v in kept] == [2, 6]
+
+    with pytest.raises(VersionNotFoundError) as opened:
+        lancetx.open(table.uri, table.options, version=4)
+    assert opened.value.version == 4 and "restore the manifest" not in str(opened.value)
+    with pytest.raises(VersionNotFoundError, match=r"cleanup removed it"):
+        view.to_table()
+    # A writer whose parent it was checks its commit against 5 and 6 by their items'
+    # summaries (lancetx wrote them) and lands.
+    landed = lancetx_append(
+        conn.handler, conn.base, conn.data_uri, table.options, batch("late", 0, 3), parent
+    )
+    assert landed.version == 7
+    assert [v.version for v in lancetx.open(table.uri, table.options).history()] == [2, 6, 7]
+
+    lancetx.open(table.uri, table.options).append(batch("w", 6, 3))  # version 8
+    (seven,) = [i["path"]["S"] for i in table.items() if i["version"]["N"] == "7"]
+    table.s3.delete_object(Bucket=bucket, Key=seven)  # by hand, above the horizon (6)
+    with pytest.raises(DanglingEntryError, match=r"version 7"):
+        lancetx.open(table.uri, table.options, version=7)
+
+    # A tag that cannot be read counts none: version 4 is then called dangling, never
+    # the other way round (a missing manifest is not taken for a cleanup's).
+    table.s3.put_object(Bucket=bucket, Key=f"{table.path}/_refs/tags/gold.json", Body=b"{")
+    with pytest.raises(DanglingEntryError, match=r"version 4"):
+        lancetx.open(table.uri, table.options, version=4)
+
+
 def test_a_writer_whose_parent_a_cleanup_removed_is_told_to_plan_again_not_that_items_dangle(
     legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
