@@ -16,7 +16,7 @@ from cli_helpers import DdbTable, age_objects, run_cli
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 
 import lancetx
-from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 from lancetx.ops.cleanup import cleanup_versions
 from lancetx.ops.gc import collect_garbage
 from lancetx.ops.table import open_table
@@ -437,6 +437,50 @@ def test_a_scanner_read_after_an_overwrite_and_cleanup_removed_its_version_says_
         assert caught.value.version == 3 and "refresh()" in str(caught.value)
     opened.refresh()
     assert [read(opened.scanner(filter="writer != 'x'")) for read in reads] == [3] * 4
+
+
+def _clean_up_at_the_second_data_get(aws: EmbeddedAws, table: DdbTable) -> list[str]:
+    """An interceptor: once a GET of a data file was let through, the next one waits
+    until pylance overwrote the table and a cleanup removed everything else (the
+    cleanup's own requests let through): it then finds its file gone."""
+    data_gets: list[str] = []
+
+    def interceptor(request: InterceptedRequest) -> InterceptedResponse | None:
+        if request.service != "s3" or request.method != "GET" or "/data/" not in request.path:
+            return None
+        data_gets.append(request.path)
+        if len(data_gets) == 2:
+            _commit_and_clean_up(table, "overwrite")
+        return None
+
+    aws.set_interceptor(interceptor)
+    return data_gets
+
+
+@pytest.mark.parametrize("stream", ["to_batches", "to_reader"])
+def test_a_batch_stream_whose_version_a_cleanup_removes_midway_fails_naming_it(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, stream: str
+) -> None:
+    """A scanner of version 3 streams its batches; between two of its GETs of data files
+    pylance overwrites the table and a cleanup removes 3 with its data files. The stream
+    fails naming version 3, however far the caller got."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    scanner = opened.scanner(batch_size=1)
+    data_gets = _clean_up_at_the_second_data_get(legacy_aws, table)
+    rows = 0
+    try:
+        with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+            batches = scanner.to_batches() if stream == "to_batches" else scanner.to_reader()
+            for b in batches:
+                rows += b.num_rows
+    finally:
+        legacy_aws.set_interceptor(None)
+    assert caught.value.version == 3 and "refresh()" in str(caught.value)
+    assert len(data_gets) >= 2 and rows < 9
+    assert opened.refresh().scanner().count_rows() == 3
 
 
 def test_status_whose_latest_a_commit_and_cleanup_remove_meanwhile_reports_the_newer(
