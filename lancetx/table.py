@@ -505,18 +505,24 @@ class Table(TableVerbs[int]):
             return self._state.dataset(version)
 
     @contextmanager
-    def _reading(self, version: int) -> Iterator[None]:
+    def _reading(self, version: int, *, scanner: bool = False) -> Iterator[None]:
         """Raise VersionNotFoundError (naming ``version`` and what to do) for a read
         that failed because a cleanup removed the version meanwhile, not pylance's
-        "not found" of one of its files."""
+        "not found" of one of its files. A ``scanner``'s read: the advice is to make
+        a new one (it reads the version it was made at, refreshed Table or not)."""
         try:
             yield
         except Exception as exc:
-            advice = (
-                "check out a version that is still there"
-                if self._pinned is not None
-                else "refresh() the Table (or open it again) to read the latest version"
-            )
+            if self._pinned is not None:
+                advice = "check out a version that is still there"
+                advice += " and make a scanner of it" if scanner else ""
+            elif scanner:
+                advice = (
+                    "refresh() the Table (or open it again) and make a new scanner to "
+                    "read the latest version (a scanner reads the version it was made at)"
+                )
+            else:
+                advice = "refresh() the Table (or open it again) to read the latest version"
             failure = self._state.read_failure(version, exc, advice=advice)
             if failure is exc:
                 raise
@@ -544,7 +550,7 @@ class Table(TableVerbs[int]):
         version = self.version
         with self._reading(version):
             scanner = self._state.dataset(version).scanner(**kwargs)
-        return Scanner(scanner, lambda: self._reading(version))
+        return Scanner(scanner, lambda: self._reading(version, scanner=True))
 
     def count_rows(self, filter: str | None = None, **kwargs: Any) -> int:
         """Rows at :attr:`version` (matching ``filter``)."""

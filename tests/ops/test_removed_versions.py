@@ -439,6 +439,36 @@ def test_a_scanner_read_after_an_overwrite_and_cleanup_removed_its_version_says_
     assert [read(opened.scanner(filter="writer != 'x'")) for read in reads] == [3] * 4
 
 
+def test_a_scanner_whose_version_was_removed_says_to_make_a_new_one_refreshed_or_not(
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+) -> None:
+    """The operator does as told, refresh(), and reads the scanner again: it reads the
+    version it was made at, so it fails again. The error says to make a new scanner (it
+    said only "refresh() the Table"); a view's scanners, to check out a version that is
+    still there and make a scanner of it."""
+    from lancetx.commit.errors import VersionNotFoundError
+
+    table = _keyed_table(legacy_aws, bucket, ddb_table_name, appends=2)  # versions 1..3
+    opened = lancetx.open(table.uri, table.options)
+    scanner = opened.scanner()
+    views = [opened.checkout(2), lancetx.open(table.uri, table.options, version=2)]
+    pinned = [view.scanner() for view in views]
+    _commit_and_clean_up(table, "overwrite")
+    assert opened.refresh().version == 4
+    for read in (lambda: scanner.to_table(), lambda: list(scanner.to_batches())):
+        with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+            read()
+        assert caught.value.version == 3 and "make a new scanner" in str(caught.value)
+    for view_scanner in pinned:
+        with pytest.raises(VersionNotFoundError, match=r"cleanup removed it") as caught:
+            view_scanner.to_reader().read_all()
+        assert caught.value.version == 2
+        assert "check out a version that is still there and make a scanner of it" in str(
+            caught.value
+        )
+    assert opened.scanner().count_rows() == 3
+
+
 def _clean_up_at_the_second_data_get(aws: EmbeddedAws, table: DdbTable) -> list[str]:
     """An interceptor: once a GET of a data file was let through, the next one waits
     until pylance overwrote the table and a cleanup removed everything else (the
