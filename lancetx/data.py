@@ -2,7 +2,10 @@
 
 ``data`` may be anything pylance's ``write_dataset`` takes: ``pa.Table``,
 ``pa.RecordBatch``, ``pa.RecordBatchReader``, an iterable of batches or tables,
-a pandas DataFrame (if pandas is installed), or anything ``lance`` itself coerces.
+a pandas DataFrame (if pandas is installed), or anything ``lance`` itself coerces
+(a Lance or Arrow dataset or scanner, a dict of columns, a list of row dicts or
+pydantic models, a polars DataFrame, a Hugging Face dataset; a lancetx Table's
+``scanner()`` or ``dataset``).
 
 The stream is *guarded*: when the user's iterator raises, the stream ends cleanly
 instead of failing inside pylance, and the exception is kept in
@@ -73,6 +76,10 @@ def to_reader(
         table = pa.Table.from_pandas(data, schema=schema, preserve_index=False)
         schema = table.schema
         source = iter(table.to_batches())
+    elif _pylance_coerces(data):
+        reader = _lance_coerce(uri, data, schema)
+        schema = reader.schema
+        source = iter(reader)
     elif isinstance(data, Iterable) and not isinstance(data, str | bytes | dict):
         first, rest = _first_and_rest(data)
         if first is None:
@@ -121,15 +128,40 @@ def _is_pandas(data: Any) -> bool:
     return module.startswith("pandas") and hasattr(data, "to_records")
 
 
-def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBatchReader:
-    from lance import dataset as lance_dataset
+def _pylance_coerces(data: Any) -> bool:
+    """Whether ``data`` is one of the kinds pylance turns into a stream itself, though it
+    may also be iterable (a polars or Hugging Face frame iterates its columns or rows,
+    a list its rows): an Arrow or Lance dataset or scanner (a Table's scanner too), a
+    dict of columns, a list of row dicts or pydantic models, a polars DataFrame, a
+    Hugging Face dataset."""
+    import pyarrow.dataset as pa_dataset
 
-    coerce = getattr(lance_dataset, "_coerce_reader", None)
+    if isinstance(data, pa_dataset.Dataset | pa_dataset.Scanner | dict):
+        return True
+    if isinstance(data, list):
+        return bool(data) and (isinstance(data[0], dict) or hasattr(data[0], "model_dump"))
+    return type(data).__module__.split(".")[0] in ("polars", "datasets")
+
+
+def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBatchReader:
+    import importlib
+
+    # pylance keeps its coercion in lance.types (14); older releases had it in the
+    # lance.dataset module, which ``from lance import dataset`` does not reach (that
+    # name is the lance.dataset() function).
+    coerce = None
+    for module in ("lance.types", "lance.dataset"):
+        try:
+            coerce = getattr(importlib.import_module(module), "_coerce_reader", None)
+        except ImportError:
+            continue
+        if coerce is not None:
+            break
     if coerce is None:
         raise UnsupportedInputError(uri, data, "expected Arrow data (pa.Table, RecordBatchReader)")
     try:
         reader: pa.RecordBatchReader = coerce(data, schema)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise UnsupportedInputError(uri, data, f"expected data pylance can write ({exc})") from None
     return reader
 
