@@ -77,7 +77,7 @@ def test_every_kind_pylance_coerces_is_appended_and_read_back(
     assert sorted(read, key=key) == sorted(expected, key=key)
 
 
-def test_a_new_table_is_created_from_a_dict_and_from_another_table(
+def test_a_new_table_is_created_from_a_dict_and_from_another_table_and_upserted_from_rows(
     legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
 ) -> None:
     source = _source(legacy_aws, bucket, ddb_table_name)
@@ -92,6 +92,15 @@ def test_a_new_table_is_created_from_a_dict_and_from_another_table(
         ddb_uri(bucket, "c.lance", ddb_table_name), source.dataset, storage_options=options
     )
     assert copied.to_table().equals(source.to_table())
+    made.merge_insert("a").when_matched_update_all().when_not_matched_insert_all().execute(
+        [{"a": 3, "b": "Z"}, {"a": 4, "b": "w"}]
+    )
+    assert sorted(made.to_table().to_pylist(), key=lambda r: r["a"]) == [
+        {"a": 1, "b": "x"},
+        {"a": 2, "b": "y"},
+        {"a": 3, "b": "Z"},
+        {"a": 4, "b": "w"},
+    ]
 
 
 def test_data_pylance_cannot_coerce_either_is_refused_naming_it_and_writes_nothing(
