@@ -522,6 +522,13 @@ def pylance_gist(exc: BaseException) -> str:
     return text[0].split(", /")[0][:300] if text else type(exc).__name__
 
 
+def says_not_found(exc: BaseException) -> bool:
+    """Whether pylance's error says what it opened is not there (a version's manifest or
+    a data file a cleanup removed), not that it could not tell (unreachable, denied) or
+    that the request itself is wrong (a bad filter, an unknown column)."""
+    return "not found" in str(exc).lower()
+
+
 def version_ranges(versions: Sequence[int]) -> str:
     """``[3, 4, 5, 9]`` → ``"3-5, 9"``."""
     ordered = sorted(set(versions))

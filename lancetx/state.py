@@ -229,9 +229,18 @@ class TableState:
         here: a read-only view is pinned, and a Table reads the version it knows
         until it is refreshed."""
         from lancetx.commit.errors import LancetxError
-        from lancetx.errors import pylance_gist  # not at import: opening a table stays light
+        from lancetx.errors import (  # not at import: opening a table stays light
+            pylance_gist,
+            says_not_found,
+        )
 
-        if isinstance(exc, LancetxError) or not self.version_gone(version):
+        # Only a "not found" can be a removed version's: any other failure (a bad
+        # filter, a denied or throttled GET) is not looked into, at no request's cost.
+        if (
+            isinstance(exc, LancetxError)
+            or not says_not_found(exc)
+            or not self.version_gone(version)
+        ):
             return exc
         return VersionNotFoundError(
             self.uri,

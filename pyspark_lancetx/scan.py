@@ -313,7 +313,7 @@ class ScanPlan:
         import lance
 
         from lancetx.commit.errors import LancetxError, VersionNotFoundError
-        from lancetx.errors import pylance_gist
+        from lancetx.errors import pylance_gist, says_not_found
 
         if isinstance(exc, LancetxError):
             return exc
@@ -335,9 +335,3 @@ class ScanPlan:
                 "older-than)",
             )
         return exc
-
-
-def says_not_found(exc: BaseException) -> bool:
-    """Whether pylance's error says what it opened is not there (a version's manifest or
-    a data file a cleanup removed), not that it could not tell (unreachable, denied)."""
-    return "not found" in str(exc).lower()

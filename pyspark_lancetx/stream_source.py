@@ -63,10 +63,10 @@ from lancetx.errors import (
     VersionNotFoundError,
     VersionsRemovedError,
     pylance_gist,
+    says_not_found,
 )
 from pyspark_lancetx.errors import SparkOptionError
 from pyspark_lancetx.options import LATEST, StreamReadOptions, parse_timestamp
-from pyspark_lancetx.scan import says_not_found
 from pyspark_lancetx.schema import conform_read_batch, spark_arrow_schema
 
 if TYPE_CHECKING:

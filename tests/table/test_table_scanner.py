@@ -49,6 +49,21 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     return seen
 
 
+@pytest.fixture
+def probes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The versions asked afresh whether a cleanup removed them (a GetItem and a GET of
+    the manifest each)."""
+    asked: list[int] = []
+    original = TableState.version_gone
+
+    def recorded(self: TableState, version: int) -> bool:
+        asked.append(version)
+        return original(self, version)
+
+    monkeypatch.setattr(TableState, "version_gone", recorded)
+    return asked
+
+
 def test_a_scanner_is_a_lance_scanner_as_the_one_it_returned_before(
     legacy_aws: EmbeddedAws,
     bucket: str,
@@ -101,11 +116,16 @@ def test_a_copy_of_a_scanner_fails_as_pylances_does(
 
 
 def test_a_filter_naming_no_column_fails_as_pylances_scanner_does_at_the_same_call(
-    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, checks: list[BaseException]
+    legacy_aws: EmbeddedAws,
+    bucket: str,
+    ddb_table_name: str,
+    checks: list[BaseException],
+    probes: list[int],
 ) -> None:
     """pylance's ``to_reader()`` plans the scan: a filter naming no column fails there,
-    not at the first batch. Each read fails with pylance's ValueError, unchanged (each
-    costs one look at whether the version is gone: it is not)."""
+    not at the first batch. Each read fails with pylance's ValueError, unchanged, and
+    at no request's cost: only a "not found" is looked into (each read asked the store
+    whether the version is gone)."""
     table = _table(legacy_aws, bucket, ddb_table_name)
     with pytest.raises(ValueError, match="No field named nope") as pylances:
         table.dataset.scanner(filter="nope = 1").to_reader()
@@ -116,14 +136,19 @@ def test_a_filter_naming_no_column_fails_as_pylances_scanner_does_at_the_same_ca
         with pytest.raises(ValueError, match="No field named nope") as caught:
             read(table.scanner(filter="nope = 1"))
         assert type(caught.value) is ValueError and str(caught.value) == str(pylances.value)
-    assert len(checks) == 3
+    with pytest.raises(ValueError, match="No field named nope"):
+        table.to_table(filter="nope = 1")
+    with pytest.raises(OSError, match="No field named nope"):  # pylance's, as it is
+        table.count_rows("nope = 1")
+    assert len(checks) == 5 and probes == []
 
 
 def test_a_failed_get_of_a_data_file_is_pylances_error_unchanged(
-    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str
+    legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str, probes: list[int]
 ) -> None:
     """S3 refuses the GETs of data files (403): each read fails as pylance's own scanner
-    does, same type, same message; the version is there, so nothing is converted."""
+    does, same type, same message, and is not looked into (a denied GET says nothing
+    of whether a cleanup removed the version)."""
     table = _table(legacy_aws, bucket, ddb_table_name)
 
     def refuse_data(request: InterceptedRequest) -> InterceptedResponse | None:
@@ -148,6 +173,7 @@ def test_a_failed_get_of_a_data_file_is_pylances_error_unchanged(
             assert str(ours.value).split(" in ")[0] == str(pylances.value).split(" in ")[0]
     finally:
         legacy_aws.set_interceptor(None)
+    assert probes == []
 
 
 @pytest.fixture
