@@ -57,7 +57,12 @@ from lancetx.commit.format.deletion import deletion_file_key
 from lancetx.commit.format.naming import DATA_DIR, INDICES_DIR, join
 from lancetx.commit.sansio import drive
 from lancetx.commit.storage.objectstore import ObjectStore
-from lancetx.errors import InvalidIdempotencyKeyError, TableExistsError, pylance_gist
+from lancetx.errors import (
+    InvalidIdempotencyKeyError,
+    TableExistsError,
+    pylance_gist,
+    says_not_found,
+)
 from lancetx.externalstore.connect import scheme_of
 from lancetx.protos import table_pb2
 from lancetx.state import TableState
@@ -348,6 +353,17 @@ class _PlannedOnRemoved(Exception):
         self.error = error
 
 
+def _chain_says_not_found(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # a plan wraps pylance's error once or twice; never a long chain
+        if seen is None:
+            return False
+        if says_not_found(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def run_plan(effect: RunPlan) -> Transaction:
     """Perform :class:`RunPlan` (both drivers). A plan that fails on a version a
     cleanup removed meanwhile (pylance's "not found" of a file, or whatever a plan
@@ -358,7 +374,11 @@ def run_plan(effect: RunPlan) -> Transaction:
         raise
     except Exception as exc:
         parent, state = effect.ctx.parent, effect.ctx.state
-        if parent is None or not state.version_gone(parent.version):
+        # Only a "not found" (pylance's, or under what a plan made of it) can be a
+        # removed version's: any other failed plan is not looked into, at no cost.
+        if parent is None or not _chain_says_not_found(exc):
+            raise
+        if not state.version_gone(parent.version):
             raise
         error = VersionNotFoundError(
             state.uri,

@@ -116,14 +116,30 @@ def test_pylance_objects_of_the_wrong_kind_are_refused(
 
 
 def test_unparsable_predicate(
-    api: Api, table: Any, uri: str, options: dict[str, str], s3_client: Any, bucket: str
+    api: Api,
+    table: Any,
+    uri: str,
+    options: dict[str, str],
+    s3_client: Any,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Refused naming the predicate, with no request spent asking whether a cleanup
+    removed the version planned on (only a plan failing on "not found" is looked into;
+    each of these cost a GetItem and a GET of the manifest)."""
+    from lancetx.state import TableState
+
+    probes: list[int] = []
+    monkeypatch.setattr(TableState, "version_gone", lambda self, v: probes.append(v) or False)
     before = data_files(s3_client, bucket, "t.lance/")
     with pytest.raises(lancetx.InvalidPredicateError, match=r"id >>> 3"):
         api.run(table.delete("id >>> 3"))
     with pytest.raises(lancetx.InvalidPredicateError, match=r"no_such_column"):
         api.run(table.delete("no_such_column = 1"))
+    with pytest.raises(lancetx.InvalidPredicateError, match=r"no_such_column"):
+        api.run(table.update({"id": "id + 1"}, where="no_such_column = 1"))
     _unchanged(uri, options, s3_client, bucket, before)
+    assert probes == []
 
 
 def test_schema_incompatible_append(
