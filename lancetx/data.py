@@ -5,7 +5,8 @@
 a pandas DataFrame (if pandas is installed), or anything ``lance`` itself coerces
 (a Lance or Arrow dataset or scanner, a dict of columns, a list of row dicts or
 pydantic models, a polars DataFrame, a Hugging Face dataset; a lancetx Table's
-``scanner()`` or ``dataset``).
+``scanner()`` or ``dataset``). A list of row dicts has a column for every key of
+every row.
 
 The stream is *guarded*: when the user's iterator raises, the stream ends cleanly
 instead of failing inside pylance, and the exception is kept in
@@ -143,6 +144,25 @@ def _pylance_coerces(data: Any) -> bool:
     return type(data).__module__.split(".")[0] in ("polars", "datasets")
 
 
+def _row_dicts_as_columns(uri: str, data: Any, schema: pa.Schema | None) -> Any:
+    """A list of row dicts as pylance should coerce it: every item must be a dict (pyarrow
+    took any other item for a row of nulls), and without ``schema=`` its columns are
+    every key of every row, a row lacking one null there (pyarrow took only the first
+    row's keys: another row's other keys were dropped, their values lost). Anything
+    else is returned as it is."""
+    if not (isinstance(data, list) and data and isinstance(data[0], dict)):
+        return data
+    for index, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise UnsupportedInputError(
+                uri, row, f"item {index} of a list of row dicts: every item must be a dict"
+            )
+    if schema is not None:
+        return data  # the columns are the schema's
+    names = list(dict.fromkeys(name for row in data for name in row))
+    return {name: [row.get(name) for row in data] for name in names}
+
+
 def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBatchReader:
     import importlib
 
@@ -159,8 +179,9 @@ def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBat
             break
     if coerce is None:
         raise UnsupportedInputError(uri, data, "expected Arrow data (pa.Table, RecordBatchReader)")
+    coercible = _row_dicts_as_columns(uri, data, schema)
     try:
-        reader: pa.RecordBatchReader = coerce(data, schema)
+        reader: pa.RecordBatchReader = coerce(coercible, schema)
     except (TypeError, ValueError) as exc:
         raise UnsupportedInputError(uri, data, f"expected data pylance can write ({exc})") from None
     return reader

@@ -1,0 +1,104 @@
+"""The kinds of data pylance coerces (tests/table/test_table_input_kinds.py), given by a
+hostile user, an impatient operator, a source that vanishes: a typed error, nothing
+committed, none of the files the failed write wrote left in the bucket — or, where the
+data is taken, every value of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import lance
+import pytest
+from protocol_helpers import batch, ddb_uri, ensure_ddb_table
+from table_helpers import Api, api_fixture, data_files
+
+import lancetx
+from lancetx.demo.embedded import EmbeddedAws
+
+SCHEMA = batch("w", 0, 1).schema
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    yield from api_fixture(request)
+
+
+class Tables:
+    """A table ``t.lance`` (version 1: one row) and, on demand, a source ``src.lance``."""
+
+    def __init__(self, api: Api, aws: EmbeddedAws, bucket: str, ddb_table: str) -> None:
+        self.api, self.bucket, self.ddb_table = api, bucket, ddb_table
+        self.options = aws.pylance_storage_options()
+        ensure_ddb_table(self.options, ddb_table)
+        self.uri = ddb_uri(bucket, "t.lance", ddb_table)
+        self.table = api.write_table(self.uri, batch("first", 0, 1), storage_options=self.options)
+        self.s3 = boto3.client("s3", **aws.client_kwargs())
+        self.files = self.data_files()
+
+    def data_files(self, name: str = "t.lance") -> set[str]:
+        return data_files(self.s3, self.bucket, f"{name}/data/")
+
+    def source(self, appends: int = 0) -> lancetx.Table:
+        """``src.lance``: version 1 of 3 rows, then ``appends`` appends of 3 (a file each)."""
+        uri = ddb_uri(self.bucket, "src.lance", self.ddb_table)
+        source = lancetx.write_table(uri, batch("src", 0, 3), storage_options=self.options)
+        for n in range(1, appends + 1):
+            source.append(batch("src", n, 3))
+        return source
+
+    def rows(self) -> list[dict[str, Any]]:
+        read = lance.dataset(self.uri, storage_options=self.options).to_table().to_pylist()
+        return sorted(read, key=lambda r: (r["writer"] or "", r["seq"] or 0, r["i"] or 0))
+
+    def assert_unchanged(self) -> None:
+        """Nothing committed, and every data file a failed write wrote deleted."""
+        assert lance.dataset(self.uri, storage_options=self.options).version == 1
+        assert self.rows() == batch("first", 0, 1).to_pylist()
+        assert self.data_files() == self.files
+
+
+@pytest.fixture
+def tables(api: Api, legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> Tables:
+    return Tables(api, legacy_aws, bucket, ddb_table_name)
+
+
+# ------------------------------------------------------------------ lists of row dicts
+
+
+def test_a_list_of_row_dicts_keeps_every_key_of_every_row(
+    api: Api, tables: Tables, bucket: str, ddb_table_name: str
+) -> None:
+    """pyarrow names the columns after the first row's keys: a later row's other keys
+    were dropped, their values lost without a word (here seq 5 and i 7 became null)."""
+    api.run(tables.table.append([{"writer": "a"}, {"writer": "b", "seq": 5, "i": 7}]))
+    assert {"writer": "b", "seq": 5, "i": 7} in tables.rows()
+    assert {"writer": "a", "seq": None, "i": None} in tables.rows()
+    made = api.write_table(
+        ddb_uri(bucket, "rows.lance", ddb_table_name),
+        [{"a": 1}, {"b": "x", "a": 2}, {"c": [1.5]}],
+        storage_options=tables.options,
+    )
+    assert api.run(made.to_table()).to_pylist() == [
+        {"a": 1, "b": None, "c": None},
+        {"a": 2, "b": "x", "c": None},
+        {"a": None, "b": None, "c": [1.5]},
+    ]
+
+
+@pytest.mark.parametrize(
+    "item",
+    [batch("x", 0, 1).to_batches()[0], [("writer", "x")], 3, None],
+    ids=["record batch", "list of pairs", "int", "None"],
+)
+def test_a_list_of_row_dicts_holding_something_else_is_refused_and_writes_nothing(
+    api: Api, tables: Tables, item: Any
+) -> None:
+    """pyarrow took any item for a row (of nulls: a batch or a list of pairs was
+    committed as a row of nulls), or failed with a bare TypeError."""
+    rows = [{"writer": "a", "seq": 1, "i": 1}, item]
+    for schema in (None, SCHEMA):
+        with pytest.raises(lancetx.UnsupportedInputError, match=r"item 1 of a list of row dicts"):
+            api.run(tables.table.append(rows, schema=schema))
+    tables.assert_unchanged()
