@@ -182,7 +182,10 @@ def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBat
     coercible = _row_dicts_as_columns(uri, data, schema)
     try:
         reader: pa.RecordBatchReader = coerce(coercible, schema)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, KeyError, OverflowError, NotImplementedError) as exc:
+        # pyarrow's conversions: a KeyError for a column schema= names that a dict
+        # lacks, an OverflowError for an int too large for int64, ArrowNotImplementedError
+        # (a NotImplementedError) for a type it cannot convert.
         raise UnsupportedInputError(uri, data, f"expected data pylance can write ({exc})") from None
     return reader
 

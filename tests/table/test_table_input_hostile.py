@@ -102,3 +102,21 @@ def test_a_list_of_row_dicts_holding_something_else_is_refused_and_writes_nothin
         with pytest.raises(lancetx.UnsupportedInputError, match=r"item 1 of a list of row dicts"):
             api.run(tables.table.append(rows, schema=schema))
     tables.assert_unchanged()
+
+
+# ------------------------------------------------------------------ coercion failures
+
+
+def test_what_pyarrow_cannot_convert_is_an_unsupported_input_error(
+    api: Api, tables: Tables
+) -> None:
+    """A column schema= names missing from a dict of columns (KeyError) and an int too
+    large for int64 (OverflowError) escaped untyped."""
+    with pytest.raises(lancetx.UnsupportedInputError, match=r"doesn't contain .* field.*: i"):
+        api.run(tables.table.append({"writer": ["a"], "seq": [1]}, schema=SCHEMA))
+    with pytest.raises(lancetx.UnsupportedInputError, match=r"too large"):
+        api.run(tables.table.append([{"writer": "a", "seq": 2**70, "i": 1}]))
+    merge = tables.table.merge_insert("i").when_matched_update_all()
+    with pytest.raises(lancetx.UnsupportedInputError, match=r"doesn't contain"):
+        api.run(merge.execute({"i": [0]}, schema=SCHEMA))
+    tables.assert_unchanged()
