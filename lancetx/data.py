@@ -6,7 +6,7 @@ a pandas DataFrame (if pandas is installed), or anything ``lance`` itself coerce
 (a Lance or Arrow dataset or scanner, a dict of columns, a list of row dicts or
 pydantic models, a polars DataFrame, a Hugging Face dataset; a lancetx Table's
 ``scanner()`` or ``dataset``). A list of row dicts has a column for every key of
-every row.
+every row; ``schema=`` given with a kind pylance coerces must be the data's.
 
 The stream is *guarded*: when the user's iterator raises, the stream ends cleanly
 instead of failing inside pylance, and the exception is kept in
@@ -79,7 +79,14 @@ def to_reader(
         source = iter(table.to_batches())
     elif _pylance_coerces(data):
         reader = _lance_coerce(uri, data, schema)
-        schema = reader.schema
+        if schema is not None and not reader.schema.equals(schema):
+            # pylance ignores schema= for a dataset, a scanner, a polars or Hugging
+            # Face frame: the data would be written with a schema other than asked for.
+            reader.close()
+            raise SchemaMismatchError(
+                uri, f"schema= is {_one_line(schema)} but the data's is {_one_line(reader.schema)}"
+            )
+        schema = schema or reader.schema
         source = iter(reader)
     elif isinstance(data, Iterable) and not isinstance(data, str | bytes | dict):
         first, rest = _first_and_rest(data)
@@ -161,6 +168,11 @@ def _row_dicts_as_columns(uri: str, data: Any, schema: pa.Schema | None) -> Any:
         return data  # the columns are the schema's
     names = list(dict.fromkeys(name for row in data for name in row))
     return {name: [row.get(name) for row in data] for name in names}
+
+
+def _one_line(schema: pa.Schema) -> str:
+    fields = (f"{f.name}: {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+    return "(" + ", ".join(fields) + ")"
 
 
 def _lance_coerce(uri: str, data: Any, schema: pa.Schema | None) -> pa.RecordBatchReader:

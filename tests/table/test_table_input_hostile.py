@@ -10,6 +10,8 @@ from typing import Any
 
 import boto3
 import lance
+import pyarrow as pa
+import pyarrow.dataset as pa_dataset
 import pytest
 from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 from table_helpers import Api, api_fixture, data_files
@@ -120,3 +122,38 @@ def test_what_pyarrow_cannot_convert_is_an_unsupported_input_error(
     with pytest.raises(lancetx.UnsupportedInputError, match=r"doesn't contain"):
         api.run(merge.execute({"i": [0]}, schema=SCHEMA))
     tables.assert_unchanged()
+
+
+# ------------------------------------------------------------------ schema=
+
+
+def test_schema_given_with_a_dataset_or_scanner_must_be_the_datas(
+    api: Api, tables: Tables, bucket: str, ddb_table_name: str
+) -> None:
+    """pylance ignores schema= for a dataset or a scanner: the data was written with its
+    own schema, whatever schema= said."""
+    source = tables.source()
+    other = pa.schema([("writer", pa.string()), ("seq", pa.int32()), ("i", pa.int64())])
+    kinds = {
+        "lance dataset": lambda: source.dataset,
+        "lance scanner": lambda: source.dataset.scanner(),
+        "lancetx scanner": lambda: source.scanner(),
+        "arrow dataset": lambda: pa_dataset.dataset(batch("arrow", 0, 2)),
+    }
+    for name, data in kinds.items():
+        with pytest.raises(lancetx.SchemaMismatchError, match=r"seq: int32") as caught:
+            api.run(tables.table.append(data(), schema=other))
+        assert "schema= is" in str(caught.value), name
+        with pytest.raises(lancetx.SchemaMismatchError, match=r"schema= is"):
+            api.write_table(
+                ddb_uri(bucket, "new.lance", ddb_table_name),
+                data(),
+                schema=other,
+                storage_options=tables.options,
+            )
+    tables.assert_unchanged()
+    assert not tables.data_files("new.lance")
+    for data in kinds.values():  # the data's own schema, given or not, is taken
+        api.run(tables.table.append(data(), schema=SCHEMA))
+        api.run(tables.table.append(data()))
+    assert len(tables.rows()) == 1 + 2 * (3 + 3 + 3 + 2)
