@@ -157,3 +157,26 @@ def test_schema_given_with_a_dataset_or_scanner_must_be_the_datas(
         api.run(tables.table.append(data(), schema=SCHEMA))
         api.run(tables.table.append(data()))
     assert len(tables.rows()) == 1 + 2 * (3 + 3 + 3 + 2)
+
+
+# ------------------------------------------------------------------ merge sources
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"i": [0], "writer": ["x"], "extra": [1]},
+        {"i": [0], "seq": pa.array([1], pa.int32())},
+        {"i": [0], "writer": [None]},  # all None: a column of type null
+        [{"i": 0, "seq": "one"}],
+    ],
+    ids=["unknown column", "int32", "null type", "string for int"],
+)
+def test_a_merge_source_whose_columns_do_not_fit_is_a_schema_mismatch(
+    api: Api, tables: Tables, source: Any
+) -> None:
+    """pylance refuses it with an OSError "Append with different schema"."""
+    merge = tables.table.merge_insert("i").when_matched_update_all().when_not_matched_insert_all()
+    with pytest.raises(lancetx.SchemaMismatchError, match=r"Append with different schema"):
+        api.run(merge.execute(source))
+    tables.assert_unchanged()
