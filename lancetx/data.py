@@ -8,11 +8,11 @@ pydantic models, a polars DataFrame, a Hugging Face dataset; a lancetx Table's
 ``scanner()`` or ``dataset``). A list of row dicts has a column for every key of
 every row; ``schema=`` given with a kind pylance coerces must be the data's.
 
-The stream is *guarded*: when the user's iterator raises, the stream ends cleanly
-instead of failing inside pylance, and the exception is kept in
-:class:`StreamGuard`. pylance then finishes the files it started and tells us their
-paths, so the caller can delete every one of them and re-raise — nothing half-written
-stays behind, nothing is committed.
+The stream is *guarded*: when the user's iterator raises (a KeyboardInterrupt or
+SystemExit too), the stream ends cleanly instead of failing inside pylance, and the
+exception is kept in :class:`StreamGuard`. pylance then finishes the files it started
+and tells us their paths, so the caller can delete every one of them and re-raise —
+nothing half-written stays behind, nothing is committed.
 """
 
 from __future__ import annotations
@@ -117,18 +117,26 @@ def to_reader(
 def _guarded(
     source: Iterator[pa.RecordBatch], schema: pa.Schema, guard: StreamGuard
 ) -> Iterator[pa.RecordBatch]:
-    try:
-        for batch in source:
-            if not batch.schema.equals(schema):
-                # A stray batch would fail deep inside pylance; fail here, cleanly.
-                raise SchemaMismatchError(
-                    "<stream>",
-                    f"a batch has schema {batch.schema} but the stream started with {schema}",
-                )
-            guard.rows += batch.num_rows
-            yield batch
-    except Exception as exc:
-        guard.error = exc
+    while True:
+        try:
+            batch = next(source)
+        except StopIteration:
+            return
+        except BaseException as exc:
+            # KeyboardInterrupt and SystemExit too: raised into pylance they came back
+            # as its OSError ("C Data interface error"), the interrupt lost. Not
+            # GeneratorExit: that is thrown at the ``yield`` below, never caught here.
+            guard.error = exc
+            return
+        if not batch.schema.equals(schema):
+            # A stray batch would fail deep inside pylance; fail here, cleanly.
+            guard.error = SchemaMismatchError(
+                "<stream>",
+                f"a batch has schema {batch.schema} but the stream started with {schema}",
+            )
+            return
+        guard.rows += batch.num_rows
+        yield batch
 
 
 def _is_pandas(data: Any) -> bool:

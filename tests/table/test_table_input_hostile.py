@@ -17,7 +17,7 @@ from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 from table_helpers import Api, api_fixture, data_files
 
 import lancetx
-from lancetx.demo.embedded import EmbeddedAws
+from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
 
 SCHEMA = batch("w", 0, 1).schema
 
@@ -180,3 +180,65 @@ def test_a_merge_source_whose_columns_do_not_fit_is_a_schema_mismatch(
     with pytest.raises(lancetx.SchemaMismatchError, match=r"Append with different schema"):
         api.run(merge.execute(source))
     tables.assert_unchanged()
+
+
+# ------------------------------------------------------------------ a source that fails
+
+
+def _failing(after: int, error: BaseException) -> Iterator[pa.RecordBatch]:
+    for n in range(after):
+        yield batch("stream", n, 1).to_batches()[0]
+    raise error
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt("ctrl-c"), SystemExit(3)], ids=repr)
+@pytest.mark.parametrize("wrapped", ["generator", "arrow scanner"])
+def test_an_interrupt_raised_by_the_source_is_raised_and_its_files_deleted(
+    api: Api,
+    tables: Tables,
+    legacy_aws: EmbeddedAws,
+    bucket: str,
+    ddb_table_name: str,
+    error: BaseException,
+    wrapped: str,
+) -> None:
+    """Raised into pylance, it came back as pylance's OSError ("C Data interface
+    error"): a Ctrl-C (or sys.exit) in the source's code was lost."""
+
+    def data() -> Any:
+        source = _failing(10, error)
+        if wrapped == "arrow scanner":  # coerced by pylance
+            return pa_dataset.Scanner.from_batches(source, schema=SCHEMA)
+        return source
+
+    written: list[str] = []
+
+    def interceptor(request: InterceptedRequest) -> InterceptedResponse | None:
+        if request.service == "s3" and request.method == "PUT" and "/data/" in request.path:
+            written.append(request.path)
+        return None
+
+    legacy_aws.set_interceptor(interceptor)
+    table = tables.table
+    calls = {
+        "append": lambda: table.append(data(), schema=SCHEMA, max_rows_per_file=1),
+        "overwrite": lambda: table.overwrite(data(), schema=SCHEMA, max_rows_per_file=1),
+        "merge_insert": lambda: table.merge_insert("i").when_matched_update_all().execute(data()),
+    }
+    for name, call in calls.items():
+        with pytest.raises(type(error)) as caught:
+            api.run(call())
+        assert caught.value is error, name
+    with pytest.raises(type(error)):
+        api.write_table(
+            ddb_uri(bucket, "new.lance", ddb_table_name),
+            data(),
+            schema=SCHEMA,
+            max_rows_per_file=1,
+            storage_options=tables.options,
+        )
+    legacy_aws.set_interceptor(None)
+    if wrapped == "generator":
+        assert written  # files were written, and then deleted
+    tables.assert_unchanged()
+    assert not tables.data_files("new.lance")
