@@ -12,30 +12,84 @@ The stream is *guarded*: when the user's iterator raises (a KeyboardInterrupt or
 SystemExit too), the stream ends cleanly instead of failing inside pylance, and the
 exception is kept in :class:`StreamGuard`. pylance then finishes the files it started
 and tells us their paths, so the caller can delete every one of them and re-raise —
-nothing half-written stays behind, nothing is committed.
+nothing half-written stays behind, nothing is committed. A Ctrl-C while pylance
+writes ends the stream the same way (:func:`write_interruptibly`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import contextvars
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from lancetx.errors import SchemaMismatchError, UnsupportedInputError
 
+_T = TypeVar("_T")
+
 
 @dataclass
 class StreamGuard:
-    """What a guarded stream saw: rows passed on, and the error that ended it, if any."""
+    """What a guarded stream saw: rows passed on, and the error that ended it, if any.
+    ``stop`` set (from another thread) ends the stream at its next batch, as ``error``."""
 
     rows: int = 0
     error: BaseException | None = None
+    stop: BaseException | None = None
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+def write_interruptibly(write: Callable[[], _T], guard: StreamGuard) -> _T:
+    """``write()``, a pylance write consuming ``guard``'s stream, such that Ctrl-C stops
+    it and loses none of its files.
+
+    pylance pulls the stream from a thread of its own while the caller's thread waits
+    in Rust, where no signal handler runs: a Ctrl-C was seen only once the whole stream
+    was written, and raised as pylance returned, before its caller learned of the files
+    it wrote (they stayed, unreferenced). Here the main thread waits in Python while a
+    worker writes: a KeyboardInterrupt (or whatever a signal handler raises) ends the
+    stream at its next batch, pylance finishes the files it started and returns them,
+    and the exception becomes ``guard.error`` — the caller deletes those files and
+    raises it. Off the main thread (no signal reaches it) ``write()`` runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return write()
+    outcome: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, write()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    # In the caller's context (as asyncio.to_thread); a daemon: after a second Ctrl-C
+    # the process may exit without waiting for it.
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(run,), name="lancetx-write", daemon=True)
+    try:
+        worker.start()
+        done.wait()
+    except BaseException as exc:
+        guard.stop = exc
+        if not (worker.is_alive() or done.is_set()):
+            raise  # not started: the stream, if it ever begins, ends at once, unwritten
+        done.wait()  # pylance finishes the files it started (a second Ctrl-C: gc's)
+        guard.error = exc
+    ok, value = outcome[0]
+    if not ok:
+        if guard.stop is not None:
+            raise guard.stop from value  # pylance failed after all: its files are gone
+        raise value
+    result: _T = value
+    return result
 
 
 def _first_and_rest(items: Iterable[Any]) -> tuple[Any, Iterator[Any]]:
@@ -118,6 +172,9 @@ def _guarded(
     source: Iterator[pa.RecordBatch], schema: pa.Schema, guard: StreamGuard
 ) -> Iterator[pa.RecordBatch]:
     while True:
+        if guard.stop is not None:
+            guard.error = guard.stop
+            return
         try:
             batch = next(source)
         except StopIteration:
@@ -228,4 +285,4 @@ def check_append_schema(uri: str, data: pa.Schema, table: pa.Schema) -> None:
         raise SchemaMismatchError(uri, "; ".join(problems))
 
 
-__all__ = ["StreamGuard", "check_append_schema", "to_reader"]
+__all__ = ["StreamGuard", "check_append_schema", "to_reader", "write_interruptibly"]

@@ -5,6 +5,8 @@ data is taken, every value of it."""
 
 from __future__ import annotations
 
+import _thread
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -242,3 +244,28 @@ def test_an_interrupt_raised_by_the_source_is_raised_and_its_files_deleted(
         assert written  # files were written, and then deleted
     tables.assert_unchanged()
     assert not tables.data_files("new.lance")
+
+
+def test_ctrl_c_while_pylance_writes_stops_the_write_and_deletes_its_files(
+    tables: Tables, api: Api
+) -> None:
+    """Ctrl-C while pylance writes: pylance pulls the stream from a thread of its own,
+    the caller's waits in Rust where no signal handler runs; the KeyboardInterrupt came
+    once the whole stream was written, as pylance returned, before lancetx learned of
+    the files — every one of them stayed in the bucket."""
+    if api.is_async:
+        pytest.skip("signals reach the main thread; the async verbs write in a worker")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def source() -> Iterator[pa.RecordBatch]:
+        for n in range(40):
+            if n == 10:
+                _thread.interrupt_main()  # as Ctrl-C: the main thread's handler raises
+            yield batch("stream", n, 1).to_batches()[0]
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tables.table.append(source(), schema=SCHEMA, max_rows_per_file=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    tables.assert_unchanged()
