@@ -19,7 +19,10 @@ from protocol_helpers import batch, ddb_uri, ensure_ddb_table
 from table_helpers import Api, api_fixture, data_files
 
 import lancetx
+from lancetx.commit.errors import VersionNotFoundError
 from lancetx.demo.embedded import EmbeddedAws, InterceptedRequest, InterceptedResponse
+from lancetx.ops.cleanup import cleanup_versions
+from lancetx.ops.table import open_table
 
 SCHEMA = batch("w", 0, 1).schema
 
@@ -268,4 +271,78 @@ def test_ctrl_c_while_pylance_writes_stops_the_write_and_deletes_its_files(
             tables.table.append(source(), schema=SCHEMA, max_rows_per_file=1)
     finally:
         signal.signal(signal.SIGINT, previous)
+    tables.assert_unchanged()
+
+
+# ------------------------------------------------------------------ what held already
+
+
+def test_a_table_appended_to_itself_from_its_dataset_or_scanner_gets_its_rows_once(
+    api: Api, tables: Tables
+) -> None:
+    """The source is the destination: the dataset or scanner reads the version it was
+    made at, so the read ends, and the rows are there twice, not more."""
+    table = tables.table
+    api.run(table.append(batch("second", 0, 2)))
+    expected = tables.rows()
+
+    def dataset() -> lance.LanceDataset:
+        return api.run(table.dataset()) if api.is_async else table.dataset
+
+    kinds = (dataset, lambda: api.run(table.scanner()), lambda: dataset().scanner())
+    for read in kinds:
+        api.run(table.append(read()))
+        expected = sorted(2 * expected, key=lambda r: (r["writer"], r["seq"], r["i"]))
+        assert tables.rows() == expected
+    api.run(table.overwrite(api.run(table.scanner(filter="writer = 'second'"))))
+    assert tables.rows() == sorted(8 * batch("second", 0, 2).to_pylist(), key=lambda r: r["i"])
+
+
+def _clean_up_the_source_at_its_first_data_read(
+    aws: EmbeddedAws, uri: str, options: dict[str, str]
+) -> list[str]:
+    """An interceptor: the first GET of a source data file waits until pylance overwrote
+    the source and a cleanup removed every other version with its files: it finds its
+    file gone (and so may others)."""
+    gets: list[str] = []
+
+    def interceptor(request: InterceptedRequest) -> InterceptedResponse | None:
+        if request.service != "s3" or request.method != "GET":
+            return None
+        if "src.lance/data/" not in request.path:
+            return None
+        gets.append(request.path)
+        if len(gets) == 1:
+            lance.write_dataset(
+                batch("later", 0, 1), uri, mode="overwrite", storage_options=options
+            )
+            cleanup_versions(open_table(uri, options), keep_versions=1)
+        return None
+
+    aws.set_interceptor(interceptor)
+    return gets
+
+
+@pytest.mark.parametrize("kind", ["lance dataset", "lance scanner", "lancetx scanner"])
+def test_a_source_whose_files_a_cleanup_removes_midway_commits_nothing_and_leaves_nothing(
+    api: Api, tables: Tables, legacy_aws: EmbeddedAws, kind: str
+) -> None:
+    """A lancetx scanner says VersionNotFoundError naming the source's removed version;
+    pylance's dataset or scanner, pylance's "Not found"."""
+    source = tables.source(appends=7)
+    data = {
+        "lance dataset": lambda: source.dataset,
+        "lance scanner": lambda: source.dataset.scanner(batch_size=1),
+        "lancetx scanner": lambda: source.scanner(batch_size=1),
+    }[kind]()
+    gets = _clean_up_the_source_at_its_first_data_read(legacy_aws, source.uri, tables.options)
+    expected: Any = VersionNotFoundError if kind == "lancetx scanner" else (OSError, ValueError)
+    try:
+        with pytest.raises(expected, match=r"cleanup removed it|Not found") as caught:
+            api.run(tables.table.append(data, max_rows_per_file=1))
+    finally:
+        legacy_aws.set_interceptor(None)
+    assert gets
+    if kind == "lancetx scanner":
+        assert caught.value.version == 8 and "src.lance" in str(caught.value)
     tables.assert_unchanged()
