@@ -42,7 +42,7 @@ from lancetx.commit.format.key_existence import (
 from lancetx.committing import PlanContext
 from lancetx.convert import to_transaction
 from lancetx.data import to_reader
-from lancetx.errors import SchemaMismatchError, TableError, UnknownColumnError
+from lancetx.errors import SchemaMismatchError, TableError, UnknownColumnError, pylance_gist
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,16 @@ def plan_merge_insert(spec: MergeSpec, source: pa.Table) -> Callable[[PlanContex
             pylance_txn, stats = builder.execute_uncommitted(source)
         except ValueError as exc:  # pylance's "Invalid user input"; I/O errors stay OSError
             raise SchemaMismatchError(ctx.uri, f"pylance refused the merge source ({exc})") from exc
+        except OSError as exc:
+            # pylance 14 refuses a source whose columns do not fit the table (one the
+            # table lacks, another type: a dict's all-None column is of type null) with
+            # an OSError "Append with different schema", before writing anything.
+            if "with different schema" not in str(exc):
+                raise
+            gist = pylance_gist(exc).split(", location:")[0]
+            raise SchemaMismatchError(
+                ctx.uri, f"pylance refused the merge source ({gist})"
+            ) from exc
         txn = to_transaction(ctx.uri, pylance_txn, read_version=ctx.read_version)
         key = unique_key(spec, ctx)
         if key is None:

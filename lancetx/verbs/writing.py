@@ -24,7 +24,7 @@ from lancetx.commit.storage.objectstore import ObjectStore
 from lancetx.commit.storage.stores import open_object_store
 from lancetx.committing import CommitArgs, PlanContext, VerbFlags, discard
 from lancetx.convert import to_fragment
-from lancetx.data import StreamGuard, check_append_schema, to_reader
+from lancetx.data import StreamGuard, check_append_schema, to_reader, write_interruptibly
 from lancetx.errors import (
     ForeignFragmentError,
     InvalidWriteParamError,
@@ -127,14 +127,19 @@ def _write_fragments(
     from lance.fragment import write_fragments
 
     target: Any = ctx.dataset_to_write if append else ctx.state.conn.data_uri
-    try:
-        written = write_fragments(
+
+    def write() -> list[Any]:
+        written: list[Any] = write_fragments(
             reader,
             target,
             mode="append" if append else "overwrite",
             storage_options=ctx.state.pylance_storage_options(),
             **params,
         )
+        return written
+
+    try:
+        written = write_interruptibly(write, guard)
     except (ValueError, TypeError) as exc:
         guard.raise_if_failed()  # the user's iterator failed first: that is the cause
         if append:
