@@ -44,6 +44,17 @@ def table(legacy_aws: EmbeddedAws, bucket: str, ddb_table_name: str) -> DdbTable
     return made
 
 
+def _gc_everything_unreferenced(made: DdbTable) -> None:
+    """gc with no age threshold, an hour from now: every unreferenced file is garbage."""
+    collect_garbage(
+        open_table(made.uri, made.options),
+        older_than=timedelta(0),
+        dry_run=False,
+        now=datetime.now(UTC) + timedelta(hours=1),
+        force_unsafe_threshold=True,
+    )
+
+
 def _cleanup_between_listing_and_reads(
     table: DdbTable, monkeypatch: pytest.MonkeyPatch
 ) -> list[Any]:
@@ -211,13 +222,7 @@ def test_a_version_committed_meanwhile_whose_manifest_cannot_be_read_stops_every
             cleanup_versions(open_table(made.uri, made.options), keep_versions=1)
         else:
             monkeypatch.setattr(gc, "check_table", then_commit(gc.check_table))
-            collect_garbage(
-                open_table(made.uri, made.options),
-                older_than=timedelta(0),
-                dry_run=False,
-                now=datetime.now(UTC) + timedelta(hours=1),
-                force_unsafe_threshold=True,
-            )
+            _gc_everything_unreferenced(made)
     monkeypatch.undo()
     assert caught.value.unread == {3: failure}
     assert "version(s) [3]" in str(caught.value)
@@ -275,13 +280,7 @@ def test_a_version_committed_meanwhile_whose_item_points_outside_the_table_stops
     monkeypatch.setattr(gc, "check_table", then_commit)
     before = set(made.objects("data/"))
     with pytest.raises(UntrustedReferenceError) as caught:
-        collect_garbage(
-            open_table(made.uri, made.options),
-            older_than=timedelta(0),
-            dry_run=False,
-            now=datetime.now(UTC) + timedelta(hours=1),
-            force_unsafe_threshold=True,
-        )
+        _gc_everything_unreferenced(made)
     assert other_manifest in str(caught.value) and "nothing was deleted" in str(caught.value)
     assert appended and set(appended) <= set(made.objects("data/"))
     assert before <= set(made.objects("data/"))
